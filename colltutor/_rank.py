@@ -1,52 +1,154 @@
-"""What runs inside one rank process (imported once by the fork server).
+"""What runs inside one rank process forked by colltutor's fork server.
 
-Importing this module imports torch, so ranks forked from the server start with
-torch ready.  Nothing here runs a torch op at import time: the server must stay free
-of OpenMP threads and CUDA so that forking it is safe.
+The server imports this module (and with it torch) once; :func:`child` is the first
+code a freshly forked rank runs.  Nothing here runs a torch operation at import time:
+the server must stay free of OpenMP threads and CUDA so that forking it is safe.
+
+A rank talks to the caller through two pipes: everything it prints (file descriptors
+1 and 2, so output from C++ lands there too) and a *result* pipe carrying messages:
+``("ok", pickled result)``, ``("error", summary, traceback)`` and, when the caller
+asks with ``SIGUSR1`` after a timeout, ``("status", text)``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, NoReturn
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
+from colltutor import _server, p2p, runtime
+
+EXIT_KEY = "colltutor/exit"
+DONE_KEY = "colltutor/done"
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this rank if the process that started it goes away."""
+class Channel:
+    """The rank's end of its result pipe; safe to use from two threads."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        data = cloudpickle.dumps(message)
+        frame = _server._LENGTH.pack(len(data)) + data
+        with self.lock:
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(self.fd, view):]
+
+
+def child(task: dict, payload: bytes, rank: int, output: int, results: int,
+          server: int) -> NoReturn:
+    """Become rank ``rank``: capture output, join the group, run the function."""
+    _server.die_with_parent()
+    if os.getppid() != server:  # the server died before we could ask to follow it
+        os._exit(71)
+    _capture_output(output)
+    channel = Channel(results)
+    _serve_status_requests(channel)
+    store = None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        _adopt_caller_context(task, rank)
+        fn, args, kwargs = cloudpickle.loads(payload)
+        store = _join_group(task, rank)
+        with p2p.observe(runtime.StepWatcher()):
+            result = fn(*args, **kwargs)
+        message = ("ok", cloudpickle.dumps(result))
+    except BaseException as exc:
+        summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        message = ("error", summary, traceback.format_exc())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.send(message)
+    if message[0] == "ok":
+        _leave_group(store, task["world_size"])
+        os._exit(0)
+    # A failed rank keeps its connections open until the caller stops every rank:
+    # peers blocked on it must not fail first and bury the real error.
+    time.sleep(task["timeout"] + 60)
+    os._exit(1)
+
+
+def _capture_output(output: int) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _serve_status_requests(channel: Channel) -> None:
+    """Answer the caller's SIGUSR1 with this rank's status, from a helper thread.
+
+    SIGUSR1 is blocked before any other thread exists, so every thread (gloo's
+    included) inherits the mask and only this one receives it, even while the main
+    thread is stuck inside a C++ wait.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+    def answer() -> None:
+        while True:
+            signal.sigwait({signal.SIGUSR1})
+            channel.send(("status", runtime.status_text()))
+
+    threading.Thread(target=answer, name="colltutor-status", daemon=True).start()
+
+
+def _adopt_caller_context(task: dict, rank: int) -> None:
+    """Run where the caller runs: its directory, import path and environment."""
+    try:
+        os.chdir(task["cwd"])
+    except OSError:
         pass
-
-
-def main(rank: int, world_size: int, port: int, backend: str, timeout: float,
-         payload: bytes):
-    _die_with_parent()
+    sys.path[:] = task["path"] + [p for p in sys.path if p not in task["path"]]
+    world_size = task["world_size"]
+    os.environ.clear()
+    os.environ.update(task["env"])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    fn, args, kwargs = cloudpickle.loads(payload)
-    wait = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                          timeout=wait)
-    options = {}
-    if backend == "nccl":
+                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(task["port"]))
+    torch.set_num_threads(max(1, task["cores"] // world_size))
+
+
+def _join_group(task: dict, rank: int) -> dist.Store:
+    # The caller's own timeout is the one that reports hangs; torch's is a backstop.
+    wait = datetime.timedelta(seconds=task["timeout"] + 30)
+    store = dist.TCPStore("127.0.0.1", task["port"], is_master=False, timeout=wait)
+    options: dict[str, Any] = {}
+    if task["backend"] == "nccl":
         torch.cuda.set_device(rank)
         options["device_id"] = torch.device("cuda", rank)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=wait, **options)
+    dist.init_process_group(task["backend"], store=store, rank=rank,
+                            world_size=task["world_size"], timeout=wait, **options)
+    return store
+
+
+def _leave_group(store: dist.Store | None, world_size: int) -> None:
+    """Exit only once every rank has finished, so no peer loses a message in flight.
+
+    The group is not destroyed: the process ends right after, closing everything."""
     try:
-        return fn(*args, **kwargs)
-    finally:
-        dist.destroy_process_group()
+        if store is not None:
+            if store.add(DONE_KEY, 1) == world_size:
+                store.set(EXIT_KEY, "1")
+            else:
+                store.wait([EXIT_KEY])
+    except Exception:  # the caller is gone or stopping us: nothing left to protect
+        pass

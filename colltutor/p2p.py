@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import torch
@@ -64,18 +64,41 @@ class Pending:
                  recvs: list[Message]) -> None:
         self.comm, self.works, self.sends, self.recvs = comm, works, sends, recvs
         self.done = False
+        self.step, self.phase = comm.steps, comm.phase
 
     def wait(self) -> None:
         if self.done:
             return
-        for work in self.works:
-            work.wait()
+        for i, work in enumerate(self.works):
+            try:
+                work.wait()
+            except RuntimeError as error:
+                messages = self.recvs + self.sends
+                peers = [messages[i][0]] if len(messages) == len(self.works) else [
+                    peer for peer, _ in messages]
+                raise PeerLostError(self.comm, self.step, self.phase, peers,
+                                    error) from error
         self.done = True
         for observer in self.comm.observers:
             observer.completed(self.comm, self.sends, self.recvs)
 
     def is_completed(self) -> bool:
         return self.done or all(work.is_completed() for work in self.works)
+
+
+class PeerLostError(RuntimeError):
+    """A step failed because a peer went away (it exited, crashed or timed out)."""
+
+    def __init__(self, comm: Comm, step: int, phase: str, peers: list[int],
+                 error: RuntimeError) -> None:
+        names = ", ".join(str(comm.global_ranks[peer]) for peer in sorted(set(peers)))
+        where = f"{phase or 'send/recv'} step {step}"
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        super().__init__(
+            f"rank {comm.global_ranks[comm.rank]} lost its connection to rank "
+            f"{names} during {where} (rank {names} exited, crashed or stopped "
+            f"waiting)\n  gloo/NCCL said: {first}"
+        )
 
 
 class Comm:
@@ -98,7 +121,7 @@ class Comm:
 
     @property
     def batched(self) -> bool:
-        """NCCL needs a step's messages in one group call; gloo takes them one by one."""
+        """NCCL needs a step's messages in one group call; gloo takes them singly."""
         return self.backend == "nccl"
 
     @property
@@ -116,13 +139,17 @@ class Comm:
         self.steps += 1
         for observer in self.observers:
             observer.posted(self, sends, recvs)
-        if self.batched:
-            ops = [self._op(dist.irecv, t, peer) for peer, t in recvs]
-            ops += [self._op(dist.isend, t, peer) for peer, t in sends]
-            works = dist.batch_isend_irecv(ops) if ops else []
-        else:
-            works = [self._start(dist.irecv, t, peer) for peer, t in recvs]
-            works += [self._start(dist.isend, t, peer) for peer, t in sends]
+        try:
+            if self.batched:
+                ops = [self._op(dist.irecv, t, peer) for peer, t in recvs]
+                ops += [self._op(dist.isend, t, peer) for peer, t in sends]
+                works = dist.batch_isend_irecv(ops) if ops else []
+            else:
+                works = [self._start(dist.irecv, t, peer) for peer, t in recvs]
+                works += [self._start(dist.isend, t, peer) for peer, t in sends]
+        except RuntimeError as error:  # a peer already gone
+            peers = [peer for peer, _ in recvs + sends]
+            raise PeerLostError(self, self.steps, self.phase, peers, error) from error
         return Pending(self, works, sends, recvs)
 
     def exchange(self, sends: Iterable[Message] = (), recvs: Iterable[Message] = ()
@@ -140,6 +167,18 @@ class Comm:
                  ) -> None:
         """Send to ``dst`` while receiving from ``src``: the step of every ring."""
         self.exchange(sends=[(dst, send)], recvs=[(src, recv)])
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        """Receive from whichever rank sends first (gloo only); return its rank."""
+        if self.batched:
+            raise RuntimeError("NCCL cannot receive from an unspecified source")
+        work = dist.irecv(tensor, None, group=self.group, tag=self.tag)
+        work.wait()
+        peer = self.global_ranks.index(work._source_rank())
+        for observer in self.observers:
+            observer.posted(self, [], [(peer, tensor)])
+            observer.completed(self, [], [(peer, tensor)])
+        return peer
 
     def _start(self, fn: Callable, tensor: torch.Tensor, peer: int):
         return fn(tensor, self.global_ranks[peer], group=self.group, tag=self.tag)
@@ -179,7 +218,8 @@ def blocks(buffer: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 
 def block_sizes(numel: int, parts: int) -> list[int]:
-    """Sizes of :func:`blocks` without a tensor: ``block_sizes(10, 4) == [3, 3, 2, 2]``."""
+    """Sizes of :func:`blocks`, without a tensor: ``block_sizes(10, 4) == [3, 3, 2, 2]``.
+    """
     base, extra = divmod(numel, parts)
     return [base + (i < extra) for i in range(parts)]
 

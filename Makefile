@@ -1,0 +1,43 @@
+# colltutor: `make book` builds the course website, `make test` runs every test.
+# Both set up a virtual environment in .venv first (Python 3.10+, 3.11 preferred).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup system book notebooks test lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+# Debian packages for the browser test (chromium) and the two-host test (iproute2);
+# installed only when running as root, otherwise those tests skip and say why.
+system:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  if ! command -v chromium >/dev/null || ! command -v ip >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq chromium iproute2 >/dev/null; \
+	  fi; \
+	fi
+
+book: setup
+	$(BIN)/python tools/vendor_assets.py
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+notebooks: setup
+	$(BIN)/python tools/execute_notebooks.py
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup system lint book
+	$(BIN)/pytest -q tests/
+	$(BIN)/pytest -q --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg \
+	  --nbval-cell-timeout=120 -p no:cacheprovider
+
+clean:
+	rm -rf _build $(VENV)

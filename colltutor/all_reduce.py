@@ -1,0 +1,127 @@
+"""All-reduce: every rank ends with the reduction of all buffers (Chapter 6).
+
+Contract of every algorithm here: ``fn(comm, buf, op)`` replaces every rank's
+``buf`` by ``op`` over all ranks' ``buf`` (:func:`ops.finish` applied exactly once,
+so AVG is divided once).  ``n`` is the size of ``buf``.  Three of the five are
+compositions of other collectives, and the code says so by calling them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from colltutor import all_gather, broadcast, fold, ops, reduce, reduce_scatter
+from colltutor.p2p import Comm, algorithm
+from colltutor.reduce_scatter import reduce_step, segment_slots
+
+
+@algorithm
+def reduce_broadcast(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    """Reduce to rank 0 along a binomial tree, then broadcast back along one.
+
+    Steps: 2 ceil(lg p); rank 0 receives and sends lg p whole buffers.
+    Cost: 2 ceil(lg p) (alpha + n beta) + ceil(lg p) n gamma.  Chapter 6, All-Reduce.
+    """
+    # 1. the reduction lands on rank 0 (finished there)
+    reduce.binomial_tree(comm, buf, op, 0)
+    # 2. rank 0 hands it to everybody
+    broadcast.binomial_tree(comm, buf, 0)
+
+
+@algorithm
+def naive_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    """The tutorial ring: every rank's whole buffer travels all the way round.
+
+    At each step a rank forwards to the right the buffer it received last (its own
+    first) and adds the one arriving from the left into ``buf``.  Steps: p-1; each
+    rank sends (p-1) n.  Cost: (p-1)(alpha + n beta + n gamma), p/2 times the
+    bandwidth of :func:`ring`.  Extra memory: two buffers of n (what is forwarded,
+    what arrives).  Chapter 6, All-Reduce.
+    """
+    p, rank = comm.size, comm.rank
+    left, right = (rank - 1) % p, (rank + 1) % p
+    passing, incoming = buf.clone(), torch.empty_like(buf)
+    # 1. p-1 steps: forward, receive, accumulate; what arrived is forwarded next
+    for _ in range(p - 1):
+        comm.sendrecv(passing, right, incoming, left)
+        ops.combine(op, buf, incoming)
+        passing, incoming = incoming, passing
+    ops.finish(op, buf, p)
+
+
+@algorithm
+def ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    """Ring reduce-scatter, then ring all-gather of the reduced blocks.
+
+    Steps: 2(p-1); each rank sends 2 (p-1)/p n and reduces (p-1)/p n.
+    Cost: 2(p-1) alpha + 2((p-1)/p) n beta + ((p-1)/p) n gamma: bandwidth-optimal.
+    AVG: the reduce-scatter divides each block once, on its owner; the all-gather
+    only copies.  Chapter 6, All-Reduce.
+    """
+    # 1. block `rank` of buf becomes the reduction of block `rank` over all ranks
+    reduce_scatter.ring(comm, buf, op)
+    # 2. every rank collects every reduced block
+    all_gather.ring(comm, buf)
+
+
+@algorithm
+def recursive_doubling(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    """Exchange the whole buffer with partner ``rank ^ mask``, mask = 1, 2, 4, ...
+
+    After the step with ``mask`` a rank holds the reduction over its aligned group of
+    2 mask ranks.  Power-of-two p: lg p steps; each rank sends and reduces lg p n.
+    Cost: lg p (alpha + n beta + n gamma).  Other p: MPICH's fold
+    (:mod:`colltutor.fold`): +2 alpha + 2 n beta + n gamma.  Chapter 6, All-Reduce.
+    """
+    p, rank = comm.size, comm.rank
+    folded = rank < 2 * (p - fold.pof2(p))
+    slots = segment_slots(buf, buf.numel())
+    # 1. fold in: an even rank of a folded pair adds its buffer into rank+1's
+    if folded and rank % 2 == 0:
+        reduce_step(comm, op, slots, send=(rank + 1, buf))
+    elif folded:
+        reduce_step(comm, op, slots, recv=(rank - 1, buf))
+    # 2. doubling among the p' virtual ranks: swap whole buffers and combine
+    v = fold.virtual(rank, p)
+    mask = 1
+    while v is not None and mask < fold.pof2(p):
+        partner = fold.real(v ^ mask, p)
+        reduce_step(comm, op, slots, send=(partner, buf), recv=(partner, buf))
+        mask *= 2
+    if v is not None:
+        ops.finish(op, buf, p)
+    # 3. fold out: the odd rank of a pair hands the finished result to rank-1
+    if folded and rank % 2 == 1:
+        comm.send(buf, rank - 1)
+    elif folded:
+        comm.recv(buf, rank + 1)
+
+
+@algorithm
+def rabenseifner(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    """Rabenseifner: recursive-halving reduce-scatter, recursive-doubling all-gather.
+
+    The two halves meet at the collectives' contract: after the reduce-scatter rank r
+    owns block r (finished), which is what the all-gather starts from.  Inside, both
+    use the same fold (:mod:`colltutor.fold`), where virtual rank v speaks for blocks
+    ``first_block(v) .. first_block(v+1) - 1``; for p not a power of two the halving's
+    fold-out hands block r to even rank r, and the doubling's fold-in hands it back
+    (two extra messages of n/p, the price of composing instead of fusing).
+    Power-of-two p: 2 lg p steps.  Cost: 2 lg p alpha + 2((p-1)/p) n beta +
+    ((p-1)/p) n gamma.  Chapter 6, All-Reduce.
+    """
+    # 1. block `rank` of buf becomes the reduction of block `rank` over all ranks
+    reduce_scatter.recursive_halving(comm, buf, op)
+    # 2. every rank collects every reduced block
+    all_gather.recursive_doubling(comm, buf)
+
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "reduce_broadcast": reduce_broadcast,
+    "naive_ring": naive_ring,
+    "ring": ring,
+    "recursive_doubling": recursive_doubling,
+    "rabenseifner": rabenseifner,
+}

@@ -1,0 +1,105 @@
+"""All-to-all: every rank sends a different block to every rank (Chapter 7).
+
+Contract of every algorithm here: ``fn(comm, outputs, inputs)`` with ``p`` flat
+views each; on rank r, ``outputs[s]`` receives rank s's ``inputs[r]``.  Sizes may be
+uneven (``all_to_all_single`` with split sizes): ``outputs[s].numel()`` on rank r
+equals ``inputs[r].numel()`` on rank s.  ``n`` is what a rank sends in total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from colltutor import all_gather
+from colltutor.p2p import Comm, algorithm
+
+Blocks = list[torch.Tensor]
+
+
+@algorithm
+def linear(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+    """Post every receive and every send in one step and let the network sort it out.
+
+    Messages are posted in the order rank+1, rank+2, ... so that ranks do not all
+    start with the same peer.  Steps: 1 (p-1 messages each way); each rank sends
+    (p-1)/p n.  Cost: (p-1) alpha + ((p-1)/p) n beta, with every message in flight
+    at once (contention is the risk).  Chapter 7, All-to-All.
+    """
+    p, rank = comm.size, comm.rank
+    peers = [(rank + i) % p for i in range(1, p)]
+    # 1. my own block stays here
+    outputs[rank].copy_(inputs[rank])
+    # 2. one step: everything to everybody
+    comm.exchange(sends=[(peer, inputs[peer]) for peer in peers],
+                  recvs=[(peer, outputs[peer]) for peer in peers])
+
+
+@algorithm
+def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+    """p-1 steps, one peer each way per step.
+
+    Power-of-two p: step i pairs rank with ``rank ^ i`` (a true swap); otherwise send
+    to rank+i and receive from rank-i.  Steps: p-1; each rank sends (p-1)/p n.
+    Cost: (p-1) alpha + ((p-1)/p) n beta.  Chapter 7, All-to-All.
+    """
+    p, rank = comm.size, comm.rank
+    power_of_two = p & (p - 1) == 0
+    # 1. my own block stays here
+    outputs[rank].copy_(inputs[rank])
+    # 2. step i: one block out, one block in
+    for step in range(1, p):
+        if power_of_two:
+            to = frm = rank ^ step
+        else:
+            to, frm = (rank + step) % p, (rank - step) % p
+        comm.sendrecv(inputs[to], to, outputs[frm], frm)
+
+
+@algorithm
+def bruck(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+    """Bruck's all-to-all: ceil(lg p) steps, each moving about half of the data.
+
+    Think of position i on rank r as "the block travelling from rank r-j to rank
+    r-j+i", j being the part of the distance i already covered.  At step k
+    (d = 2^k) every position with bit k set moves to rank r+d in one packed message;
+    after the last step position i on rank r holds rank r-i's block for r.  Blocks
+    may differ in size, so first every rank learns all p x p sizes with a Bruck
+    all-gather of one int64 each.  Steps: 2 ceil(lg p); each rank sends about
+    (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the size exchange
+    and local packing).  Extra memory: the packed message sent, the one received,
+    and blocks halfway through their journey: about 1.5 n.  Chapter 7, All-to-All.
+    """
+    p, rank = comm.size, comm.rank
+    # 1. sizes[s][t]: how many elements rank s sends rank t
+    sizes = torch.zeros(p * p, dtype=torch.int64, device=inputs[rank].device)
+    sizes[rank * p:(rank + 1) * p] = torch.tensor([t.numel() for t in inputs])
+    all_gather.bruck(comm, sizes)
+    sizes = sizes.view(p, p).tolist()
+    # 2. position i starts as my block for rank+i; position 0 never moves
+    held = [inputs[(rank + i) % p] for i in range(p)]
+    outputs[rank].copy_(inputs[rank])
+    d = 1
+    while d < p:
+        moving = [i for i in range(1, p) if i & d]
+        # 3. pack what moves; what arrives started at rank - d - (the part of i < d)
+        packed = torch.cat([held[i] for i in moving])
+        srcs = [(rank - d - (i & (d - 1))) % p for i in moving]
+        lengths = [sizes[s][(s + i) % p] for s, i in zip(srcs, moving, strict=True)]
+        arrived = packed.new_empty(sum(lengths))
+        comm.sendrecv(packed, (rank + d) % p, arrived, (rank - d) % p)
+        # 4. unpack: a block whose last move this was goes home, the others wait
+        for i, part in zip(moving, arrived.split(lengths), strict=True):
+            if i < 2 * d:
+                outputs[(rank - i) % p].copy_(part)
+            else:
+                held[i] = part.clone()
+        d *= 2
+
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "linear": linear,
+    "pairwise": pairwise,
+    "bruck": bruck,
+}

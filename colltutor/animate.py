@@ -1,0 +1,81 @@
+"""Animations of an algorithm that play in a static web page, no kernel needed.
+
+``animate.html("all_reduce", "ring")`` runs the algorithm for real on 4 ranks,
+traces it (:func:`colltutor.trace.run_collective`) and renders one frame per round
+with :func:`colltutor.draw.frame`, then the result.  The frames and the player (play,
+step, loop buttons and a slider) are packed into one self-contained HTML snippet by
+matplotlib's ``to_jshtml``: images are inline, and the player's script and style are
+inline too, so the page needs nothing from the network.  The book puts one into each
+algorithm chapter (``IPython.display.HTML(animate.html(...))``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from matplotlib.animation import FuncAnimation
+from matplotlib.figure import Figure
+
+from colltutor import draw
+from colltutor.trace import Trace, run_collective
+
+
+def animation(trace: Trace, dpi: int = 72) -> FuncAnimation:
+    """A matplotlib animation of ``trace``: one frame per round, then the result."""
+    before = trace.ranks[0].initial if trace.ranks else {}
+    count = max((len(v or []) for v in before.values()), default=0)
+    fig = Figure(figsize=(4 + min(0.45 * count, 8), 0.9 + 0.6 * max(trace.size, 4)),
+                 dpi=dpi, layout="constrained")
+
+    def show(k: int) -> list:
+        draw.frame(trace, k, fig)
+        return []
+
+    return FuncAnimation(fig, show, frames=range(trace.rounds + 1), interval=1200,
+                         repeat=False, blit=False)
+
+
+def trace_html(trace: Trace, dpi: int = 72) -> str:
+    """The self-contained HTML player of ``trace`` (see the module docstring)."""
+    html = _offline(animation(trace, dpi).to_jshtml(default_mode="once"))
+    external = external_urls(html)
+    if external:  # a page that fetches its player from the network breaks offline
+        raise RuntimeError(f"animation HTML refers to the network: {external[:3]}")
+    return html
+
+
+def html(collective: str, algorithm: str, world_size: int = 4,
+         count: int | None = None, root: int = 0, dpi: int = 72) -> str:
+    """Run ``algorithm`` of ``collective`` on ``world_size`` ranks and return its
+    animation as one self-contained HTML snippet with its own controls."""
+    return trace_html(run_collective(collective, world_size, algorithm, count=count,
+                                     root=root), dpi)
+
+
+# matplotlib's player draws its buttons with Font Awesome icons from a CDN; the
+# same buttons as plain characters need no stylesheet at all.
+_ICONS = {"fa fa-minus": "&minus;", "fa fa-fast-backward": "|&#9664;&#9664;",
+          "fa fa-step-backward": "|&#9664;", "fa fa-play fa-flip-horizontal": "&#9664;",
+          "fa fa-pause": "&#10074;&#10074;", "fa fa-play": "&#9654;",
+          "fa fa-step-forward": "&#9654;|", "fa fa-fast-forward": "&#9654;&#9654;|",
+          "fa fa-plus": "+"}
+
+
+def _offline(html: str) -> str:
+    """Drop the player's stylesheet link and replace its icons by characters."""
+    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
+    return re.sub(r'<i class="(fa [^"]+)"></i>',
+                  lambda m: _ICONS.get(m.group(1), "?"), html)
+
+
+_URL = re.compile(r"""(?:src|href)\s*=\s*["'](?!data:|#|javascript:)([^"']+)["']"""
+                  r"""|url\(\s*["']?(?!data:)([^"')]+)|(?:https?:)?//[\w.-]+\.\w+/""",
+                  re.IGNORECASE)
+
+
+def external_urls(html: str) -> list[str]:
+    """Every reference in ``html`` that would be fetched from elsewhere: ``src``
+    or ``href`` attributes that are not ``data:`` URIs or anchors, CSS ``url()``,
+    and ``http(s)://`` or protocol-relative addresses."""
+    return [m.group(0) for m in _URL.finditer(html)]
+

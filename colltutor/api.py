@@ -1,0 +1,460 @@
+"""The public API: ``torch.distributed``'s collectives, rebuilt from send/recv.
+
+Every function here has the name, parameters, defaults and in-place behaviour of its
+``torch.distributed`` 2.13 namesake, plus one keyword, ``algorithm=``, that picks an
+algorithm from the collective's table (``algorithms(name)`` lists them; without it the
+default comes from :mod:`colltutor.tuning`).  Replace ``dist.`` by ``colltutor.`` in
+any PyTorch example and it runs on colltutor's algorithms.
+
+This module only adapts arguments: it checks them, turns the caller's tensors into
+the flat in-place buffers the algorithms work on, and copies results back where
+torch's signature asks for it (lists of tensors).  The algorithms live one module
+per collective; the point-to-point layer in :mod:`colltutor.p2p`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from colltutor import checks, collectives, ops, tuning
+from colltutor.p2p import Comm, Pending, blocks
+
+ReduceOp = dist.ReduceOp
+ProcessGroup = dist.ProcessGroup
+
+TABLES: dict[str, dict[str, Callable]] = {
+    name: getattr(collectives, name).ALGORITHMS for name in collectives.NAMES
+}
+"""Collective name -> its table of algorithms (name -> function)."""
+
+
+def algorithms(collective: str) -> list[str]:
+    """The algorithm names available for ``collective``, e.g. ``"all_reduce"``."""
+    return list(_table(collective))
+
+
+def _table(collective: str) -> dict[str, Callable]:
+    collective = collective.removesuffix("_tensor").removesuffix("_single")
+    if collective not in TABLES:
+        raise ValueError(
+            f"unknown collective {collective!r}; choose from {', '.join(TABLES)}"
+        )
+    return TABLES[collective]
+
+
+def _pick(collective: str, algorithm: str | None, nbytes: int, size: int) -> Callable:
+    table = _table(collective)
+    name = algorithm or tuning.choose(collective, nbytes, size)
+    if name not in table:
+        raise ValueError(
+            f"{collective} has no algorithm {name!r}; choose from {', '.join(table)}"
+        )
+    return table[name]
+
+
+class Work:
+    """What ``async_op=True`` returns: ``wait()`` and ``is_completed()``."""
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._future.result()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def exception(self) -> BaseException | None:
+        return self._future.exception() if self._future.done() else None
+
+
+# One worker thread per process group runs its async collectives in program order,
+# which is the order every rank issues them in, so ranks always agree on what the next
+# collective is.  This is the only state colltutor keeps between calls.
+_workers: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _worker(group: ProcessGroup) -> concurrent.futures.ThreadPoolExecutor:
+    key = id(group)
+    if key not in _workers:
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        _workers[key] = concurrent.futures.ThreadPoolExecutor(
+            1, "colltutor-async", initializer=_set_device, initargs=(device,)
+        )
+    return _workers[key]
+
+
+def _set_device(device: int | None) -> None:
+    if device is not None:
+        torch.cuda.set_device(device)
+
+
+def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], Any]):
+    """Run ``body(comm)`` now, or on the group's worker thread when ``async_op``.
+
+    A synchronous call first waits for the group's earlier asynchronous ones, so that
+    collectives on a group always run in the order the program issued them.
+    """
+    group = group if group is not None else dist.group.WORLD
+    if not _is_member(group):
+        return None
+    comm = Comm(group)
+    checks.agree(comm)  # ranks agree on the call before any message moves
+    if async_op:
+        return Work(_worker(group).submit(body, comm))
+    if id(group) in _workers:
+        _workers[id(group)].submit(lambda: None).result()
+    body(comm)
+    return None
+
+
+def _is_member(group: ProcessGroup) -> bool:
+    return group is dist.group.WORLD or dist.get_rank() in dist.get_process_group_ranks(
+        group
+    )
+
+
+def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | None,
+                name: str) -> int:
+    """Translate ``src``/``dst`` (global) or ``group_src``/``group_dst`` (group)."""
+    group = group if group is not None else dist.group.WORLD
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"pass {name} or group_{name}, not both")
+    size = dist.get_world_size(group)
+    if group_rank is None:
+        if rank is None:
+            if group is not dist.group.WORLD:
+                raise ValueError(f"{name} or group_{name} is required")
+            rank = 0
+        group_rank = dist.get_group_rank(group, rank)
+    if not 0 <= group_rank < size:
+        raise ValueError(f"{name} rank {group_rank} is not in a group of {size} ranks")
+    return group_rank
+
+
+def _flat(tensor: torch.Tensor, what: str = "tensor") -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
+    return tensor.view(-1)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+# -- point-to-point ---------------------------------------------------------------
+
+
+def send(tensor: torch.Tensor, dst: int | None = None,
+         group: ProcessGroup | None = None,
+         tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to ``dst`` and wait until it is delivered (Chapter 2)."""
+    isend(tensor, dst, group, tag, group_dst).wait()
+
+
+def recv(tensor: torch.Tensor, src: int | None = None,
+         group: ProcessGroup | None = None,
+         tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from ``src`` (any rank when None); return the sender."""
+    if src is None and group_src is None:
+        comm = Comm(group, tag=tag)
+        return comm.global_ranks[checks.receive_any(comm, _flat(tensor))]
+    irecv(tensor, src, group, tag, group_src).wait()
+    group = group if group is not None else dist.group.WORLD
+    return dist.get_global_rank(group, _group_rank(group, src, group_src, "src"))
+
+
+def isend(tensor: torch.Tensor, dst: int | None = None,
+          group: ProcessGroup | None = None, tag: int = 0,
+          group_dst: int | None = None) -> Pending:
+    """Start sending ``tensor`` to ``dst``; returns a handle with ``wait()``."""
+    peer = _group_rank(group, dst, group_dst, "dst")
+    return checks.send(Comm(group, tag=tag), peer, _flat(tensor), tensor.shape)
+
+
+def irecv(tensor: torch.Tensor, src: int | None = None,
+          group: ProcessGroup | None = None, tag: int = 0,
+          group_src: int | None = None) -> Pending:
+    """Start receiving into ``tensor`` from ``src``; returns a waitable handle."""
+    peer = _group_rank(group, src, group_src, "src")
+    return checks.receive(Comm(group, tag=tag), peer, _flat(tensor))
+
+
+# -- rooted collectives -----------------------------------------------------------
+
+
+@checks.collective
+def broadcast(tensor: torch.Tensor, src: int | None = None,
+              group: ProcessGroup | None = None, async_op: bool = False,
+              group_src: int | None = None, *, algorithm: str | None = None):
+    """Copy ``src``'s ``tensor`` into every rank's ``tensor`` (Chapter 3)."""
+    root = _group_rank(group, src, group_src, "src")
+    buf = _flat(tensor)
+
+    def body(comm: Comm) -> None:
+        _pick("broadcast", algorithm, _nbytes(buf), comm.size)(comm, buf, root)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM,
+           group: ProcessGroup | None = None, async_op: bool = False,
+           group_dst: int | None = None, *, algorithm: str | None = None):
+    """Reduce every rank's ``tensor`` with ``op`` into ``dst``'s ``tensor``
+    (Chapter 3).  Other ranks' tensors are left unchanged, as with NCCL."""
+    root = _group_rank(group, dst, group_dst, "dst")
+    buf = _flat(tensor)
+    ops.validate(op, buf.dtype)
+
+    def body(comm: Comm) -> None:
+        _pick("reduce", algorithm, _nbytes(buf), comm.size)(comm, buf, op, root)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
+           dst: int | None = None, group: ProcessGroup | None = None,
+           async_op: bool = False, group_dst: int | None = None, *,
+           algorithm: str | None = None):
+    """Collect every rank's ``tensor`` into ``gather_list`` on ``dst`` (Chapter 4)."""
+    root = _group_rank(group, dst, group_dst, "dst")
+    mine = _flat(tensor)
+    size = dist.get_world_size(group)
+    is_root = dist.get_group_rank(group or dist.group.WORLD, dist.get_rank()) == root
+    if is_root:
+        _check_list(gather_list, size, tensor, "gather_list")
+
+    def body(comm: Comm) -> None:
+        buf = mine.new_empty(size * mine.numel())
+        blocks(buf, size)[comm.rank].copy_(mine)
+        _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root)
+        if is_root:
+            for out, block in zip(gather_list, blocks(buf, size)):
+                out.view(-1).copy_(block)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
+            src: int | None = None, group: ProcessGroup | None = None,
+            async_op: bool = False, group_src: int | None = None, *,
+            algorithm: str | None = None):
+    """Give rank ``i`` the tensor ``scatter_list[i]`` of ``src`` (Chapter 4)."""
+    root = _group_rank(group, src, group_src, "src")
+    mine = _flat(tensor)
+    size = dist.get_world_size(group)
+    is_root = dist.get_group_rank(group or dist.group.WORLD, dist.get_rank()) == root
+    if is_root:
+        _check_list(scatter_list, size, tensor, "scatter_list")
+
+    def body(comm: Comm) -> None:
+        if is_root:
+            buf = torch.cat([t.reshape(-1) for t in scatter_list])
+        else:
+            buf = mine.new_empty(size * mine.numel())
+        _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root)
+        mine.copy_(blocks(buf, size)[comm.rank])
+
+    return _launch(group, async_op, body)
+
+
+# -- symmetric collectives --------------------------------------------------------
+
+
+@checks.collective
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group: ProcessGroup | None = None,
+               async_op: bool = False, *, algorithm: str | None = None):
+    """Reduce every rank's ``tensor`` with ``op``; every rank gets the result
+    (Chapter 6)."""
+    buf = _flat(tensor)
+    ops.validate(op, buf.dtype)
+
+    def body(comm: Comm) -> None:
+        _pick("all_reduce", algorithm, _nbytes(buf), comm.size)(comm, buf, op)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                           group: ProcessGroup | None = None, async_op: bool = False,
+                           *, algorithm: str | None = None):
+    """Concatenate every rank's ``input_tensor`` into ``output_tensor`` (Chapter 5)."""
+    out, mine = _flat(output_tensor, "output_tensor"), _flat(input_tensor, "input")
+    size = dist.get_world_size(group)
+    _check_sizes(out, mine, size, "output_tensor", "input_tensor")
+
+    def body(comm: Comm) -> None:
+        blocks(out, size)[comm.rank].copy_(mine)
+        _pick("all_gather", algorithm, _nbytes(out), size)(comm, out)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+               group: ProcessGroup | None = None, async_op: bool = False, *,
+               algorithm: str | None = None):
+    """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` everywhere (Chapter 5)."""
+    size = dist.get_world_size(group)
+    _check_list(tensor_list, size, tensor, "tensor_list")
+    mine = _flat(tensor)
+
+    def body(comm: Comm) -> None:
+        buf = mine.new_empty(size * mine.numel())
+        blocks(buf, size)[comm.rank].copy_(mine)
+        _pick("all_gather", algorithm, _nbytes(buf), size)(comm, buf)
+        for out, block in zip(tensor_list, blocks(buf, size)):
+            out.view(-1).copy_(block)
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
+                          group: ProcessGroup | None = None, async_op: bool = False,
+                          *, algorithm: str | None = None):
+    """Reduce ``input`` over ranks and give rank ``i`` the ``i``-th block of the
+    result, in ``output`` (Chapter 5)."""
+    out, full = _flat(output, "output"), _flat(input, "input")
+    size = dist.get_world_size(group)
+    _check_sizes(full, out, size, "input", "output")
+    ops.validate(op, full.dtype)
+    return _reduce_scatter_into(out, lambda: full.clone(), op, group, async_op,
+                                algorithm)
+
+
+@checks.collective
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
+                   op=ReduceOp.SUM,
+                   group: ProcessGroup | None = None, async_op: bool = False, *,
+                   algorithm: str | None = None):
+    """``reduce_scatter_tensor`` with the input given as a list of blocks
+    (Chapter 5)."""
+    size = dist.get_world_size(group)
+    _check_list(input_list, size, output, "input_list")
+    out = _flat(output, "output")
+    ops.validate(op, out.dtype)
+    return _reduce_scatter_into(
+        out, lambda: torch.cat([t.reshape(-1) for t in input_list]), op, group,
+        async_op, algorithm,
+    )
+
+
+def _reduce_scatter_into(out: torch.Tensor, scratch: Callable[[], torch.Tensor], op,
+                         group, async_op: bool, algorithm: str | None):
+    def body(comm: Comm) -> None:
+        buf = scratch()
+        _pick("reduce_scatter", algorithm, _nbytes(buf), comm.size)(comm, buf, op)
+        out.copy_(blocks(buf, comm.size)[comm.rank])
+
+    return _launch(group, async_op, body)
+
+
+@checks.collective
+def all_to_all(output_tensor_list: list[torch.Tensor],
+               input_tensor_list: list[torch.Tensor],
+               group: ProcessGroup | None = None, async_op: bool = False, *,
+               algorithm: str | None = None):
+    """Rank ``r`` sends ``input_tensor_list[s]`` to rank ``s``, which receives it in
+    ``output_tensor_list[r]`` (Chapter 7)."""
+    size = dist.get_world_size(group)
+    for what, tensors in (("output_tensor_list", output_tensor_list),
+                          ("input_tensor_list", input_tensor_list)):
+        if len(tensors) != size:
+            raise ValueError(f"{what} has {len(tensors)} tensors; the group has {size}")
+    outputs = [_flat(t, "output_tensor_list[i]") for t in output_tensor_list]
+    inputs = [_flat(t, "input_tensor_list[i]") for t in input_tensor_list]
+    return _all_to_all_views(outputs, inputs, group, async_op, algorithm)
+
+
+@checks.collective
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      group: ProcessGroup | None = None, async_op: bool = False, *,
+                      algorithm: str | None = None):
+    """``all_to_all`` on one tensor split along dim 0, evenly or by split sizes
+    (Chapter 7)."""
+    size = dist.get_world_size(group)
+    outputs = _split(output, output_split_sizes, size, "output")
+    inputs = _split(input, input_split_sizes, size, "input")
+    return _all_to_all_views(outputs, inputs, group, async_op, algorithm)
+
+
+def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | None):
+    def body(comm: Comm) -> None:
+        nbytes = sum(_nbytes(t) for t in inputs)
+        _pick("all_to_all", algorithm, nbytes, comm.size)(comm, outputs, inputs)
+
+    return _launch(group, async_op, body)
+
+
+def _split(tensor: torch.Tensor, sizes: Sequence[int] | None, parts: int, what: str
+           ) -> list[torch.Tensor]:
+    flat = _flat(tensor, what)
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row = flat.numel() // rows if rows else 0
+    if not sizes:
+        if rows % parts:
+            raise ValueError(
+                f"{what}'s first dimension ({rows}) must be divisible by the group "
+                f"size ({parts}) when no split sizes are given"
+            )
+        sizes = [rows // parts] * parts
+    if len(sizes) != parts or sum(sizes) != rows or min(sizes) < 0:
+        raise ValueError(
+            f"{what} split sizes {list(sizes)} must be {parts} non-negative numbers "
+            f"adding up to its first dimension ({rows})"
+        )
+    return list(flat.split([s * row for s in sizes]))
+
+
+@checks.collective
+def barrier(group: ProcessGroup | None = None, async_op: bool = False,
+            device_ids=None, timeout=None, *, algorithm: str | None = None):
+    """Return on each rank only once every rank of the group has entered
+    (Chapter 8)."""
+
+    def body(comm: Comm) -> None:
+        _pick("barrier", algorithm, 0, comm.size)(comm)
+
+    return _launch(group, async_op, body)
+
+
+# -- argument checks --------------------------------------------------------------
+
+
+def _check_list(tensors, size: int, like: torch.Tensor, what: str) -> None:
+    if tensors is None or len(tensors) != size:
+        got = "None" if tensors is None else f"{len(tensors)} tensors"
+        raise ValueError(f"{what} must hold {size} tensors (one per rank), got {got}")
+    for i, t in enumerate(tensors):
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise ValueError(
+                f"{what}[{i}] is {t.numel()} x {t.dtype}; every entry must match the "
+                f"tensor's {like.numel()} x {like.dtype}"
+            )
+        _flat(t, f"{what}[{i}]")
+
+
+def _check_sizes(big: torch.Tensor, small: torch.Tensor, size: int, big_name: str,
+                 small_name: str) -> None:
+    if big.numel() != size * small.numel():
+        raise ValueError(
+            f"{big_name} has {big.numel()} elements; it must have group size x "
+            f"{small_name} = {size} x {small.numel()} = {size * small.numel()}"
+        )
+    if big.dtype != small.dtype:
+        raise TypeError(f"{big_name} is {big.dtype} but {small_name} is {small.dtype}")

@@ -1,0 +1,157 @@
+"""Broadcast: the root's buffer is copied into every rank's buffer.
+
+Every algorithm has the signature ``fn(comm, buf, root)`` and works in place on a
+flat contiguous tensor of any length (zero included) on any number of ranks.
+
+Which one is fastest depends on ``n`` and ``p`` (Chapter 9): the binomial tree
+sends the whole buffer ``lg p`` times in a row, so it wins for short messages; the
+pipelined ring and scatter + all-gather move about ``n`` bytes per link (``2n``
+for scatter + all-gather), so they win for long ones.
+
+Chapter 3 of the book ("Broadcast and Reduce") walks through every algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from colltutor.p2p import Comm, algorithm, blocks
+
+from . import all_gather, scatter
+
+BREAK_EVEN_BYTES = 64 * 1024
+"""``alpha / beta``: the message size whose transfer costs as much as its latency.
+64 KiB is typical of gloo over loopback TCP (tens of microseconds, a few GB/s)."""
+
+
+def default_segments(nbytes: int, p: int) -> int:
+    """How many segments :func:`pipelined_ring` cuts ``nbytes`` into.
+
+    The pipelined chain costs ``(p + k - 2)(alpha + (n/k) beta)``, smallest at
+    ``k = sqrt((p - 2) n beta / alpha)`` (REFERENCE.md).  With ``alpha / beta =``
+    :data:`BREAK_EVEN_BYTES` that is 1 segment up to 64 KiB and, on 8 ranks, about
+    10 segments of 100 KiB for 1 MiB and 80 segments of 800 KiB for 64 MiB.
+    """
+    return max(1, round(math.sqrt(max(p - 2, 1) * nbytes / BREAK_EVEN_BYTES)))
+
+
+@algorithm
+def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    """Broadcast in one step: the root sends its whole buffer to every other rank.
+
+    Steps: 1 (the root posts ``p - 1`` sends at once).  Bytes: the root sends
+    ``(p-1) n``, every other rank receives ``n``.
+    Cost: ``(p-1)(alpha + n beta)``, since the root's link carries every copy.
+    Chapter 3, Broadcast and Reduce.
+    """
+    if comm.rank == root:
+        # 1. the root sends the buffer to everyone
+        comm.exchange(sends=[(r, buf) for r in range(comm.size) if r != root])
+    else:
+        # 1. everyone else receives it
+        comm.exchange(recvs=[(root, buf)])
+
+
+@algorithm
+def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    """Broadcast down a binomial tree: the number of ranks holding the data doubles
+    every step.
+
+    In relative ranks (``vrank = (rank - root) % p``, root = 0) a rank receives
+    from ``vrank - mask``, where ``mask`` is its lowest set bit, then sends to
+    ``vrank + mask`` for every smaller ``mask``.
+    Steps: ``ceil(lg p)``.  Bytes: every rank receives ``n`` once; the root sends
+    ``n`` ``ceil(lg p)`` times.  Cost: ``ceil(lg p)(alpha + n beta)``.
+    Chapter 3, Broadcast and Reduce.
+    """
+    p = comm.size
+    vrank = (comm.rank - root) % p
+
+    def real(v: int) -> int:
+        return (v + root) % p
+
+    # 1. receive the buffer from my parent (the root has it already)
+    mask = 1
+    while mask < p:
+        if vrank & mask:
+            comm.recv(buf, real(vrank - mask))
+            break
+        mask <<= 1
+    # 2. send it to my children, the farthest subtree first
+    mask >>= 1
+    while mask > 0:
+        if vrank + mask < p:
+            comm.send(buf, real(vrank + mask))
+        mask >>= 1
+
+
+@algorithm
+def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
+                   segments: int | None = None) -> None:
+    """Broadcast along the chain root -> root+1 -> ... -> root-1, in segments.
+
+    The buffer is cut into ``k`` segments (:func:`default_segments` unless
+    ``segments`` is given).  A rank forwards segment ``s`` to the ``right`` while
+    segment ``s + 1`` arrives from the ``left``: two segments in flight, so every
+    link of the chain is busy at once once the pipeline has filled.
+    Steps: ``k`` per rank, ``p + k - 2`` from start to end.  Bytes: every rank but
+    the root receives ``n`` and every rank but the last sends ``n``.
+    Cost: ``(p + k - 2)(alpha + (n/k) beta)``, about ``n beta`` for large ``n``.
+    Chapter 3, Broadcast and Reduce.
+    """
+    p = comm.size
+    vrank = (comm.rank - root) % p
+    left, right = (comm.rank - 1) % p, (comm.rank + 1) % p
+    k = segments or default_segments(buf.numel() * buf.element_size(), p)
+    segs = blocks(buf, max(1, min(k, buf.numel())))
+
+    def from_left(s: int) -> list:
+        return [(left, segs[s])] if vrank > 0 and s < len(segs) else []
+
+    def to_right(s: int) -> list:
+        return [(right, segs[s])] if vrank < p - 1 else []
+
+    # 1. post the receive of the first segment (nothing to receive at the root)
+    arriving = comm.post(recvs=from_left(0))
+    for s in range(len(segs)):
+        # 2. once segment s is here, forward it while segment s+1 arrives
+        arriving.wait()
+        arriving = comm.post(sends=to_right(s), recvs=from_left(s + 1))
+    arriving.wait()
+
+
+@algorithm
+def scatter_allgather(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    """Broadcast as scatter + all-gather (van de Geijn): long messages, any ``p``.
+
+    The root scatters the ``p`` blocks of its buffer with a binomial tree, then the
+    ranks all-gather them.  The all-gather is recursive doubling when ``p`` is a
+    power of two (``lg p`` steps) and a ring otherwise: the fold-in that recursive
+    doubling needs for other ``p`` would move ``n`` more bytes, wiping out the
+    bandwidth that this algorithm exists to save (MPICH makes the same choice).
+    Steps: ``2 lg p``, or ``lg p + p - 1`` with the ring.  Bytes: each rank
+    receives about ``2 (p-1)/p n``.
+    Cost: ``2 lg p alpha + 2((p-1)/p) n beta`` (ring: ``(lg p + p - 1) alpha +
+    2((p-1)/p) n beta``): twice the bandwidth term of the pipelined ring, but
+    only ``lg p`` or ``p`` latencies.
+    Chapter 3, Broadcast and Reduce.
+    """
+    p = comm.size
+    # 1. scatter: rank r receives block r of the root's buffer
+    scatter.binomial_tree(comm, buf, root)
+    # 2. all-gather: every rank collects every block
+    if p & (p - 1) == 0:
+        all_gather.recursive_doubling(comm, buf)
+    else:
+        all_gather.ring(comm, buf)
+
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "linear": linear,
+    "binomial_tree": binomial_tree,
+    "pipelined_ring": pipelined_ring,
+    "scatter_allgather": scatter_allgather,
+}

@@ -1,0 +1,543 @@
+"""Checks: a learner's mistake becomes one clear error on every rank.
+
+With native gloo, a ``float32`` receive of an ``int64`` message aborts the process, a
+reduce whose ranks pass different ops silently picks one, and two ranks calling
+different collectives hang.  colltutor checks before anything moves:
+
+* **Agreement** (:func:`agree`).  Before a collective every rank all-gathers a small
+  ``int64`` *fingerprint* of its call (collective, dtype, element count, op, root,
+  algorithm, for all-to-all the elements sent to and expected from each peer, and
+  whether its own arguments were wrong) with colltutor's own point-to-point messages
+  (Bruck's all-gather, ``ceil(lg p)`` steps).  Every rank then compares the same table
+  and raises the same :class:`MismatchError`, or :class:`PeerArgumentError` naming the
+  rank whose arguments were wrong.
+* **Headers** (:func:`send`, :func:`receive`).  ``send`` puts a small header
+  (dtype and shape) before the payload; the receiver compares it with its buffer and,
+  on a mismatch, drains the payload into scratch (so the sender finishes cleanly) and
+  raises :class:`MismatchError`.
+
+Checks are on by default.  ``COLLTUTOR_CHECKS=0`` in the environment or
+``set_checks(False)`` turns them off (benchmarks do): a collective then sends only
+its algorithm's messages and a ``send`` exactly one message.  Chapter 9 measures
+what the checks cost.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from colltutor import ops, runtime
+from colltutor.p2p import Comm, Pending
+
+
+def from_environment() -> bool:
+    """``COLLTUTOR_CHECKS=0`` (or ``off``, ``false``, ``no``) turns checks off."""
+    value = os.environ.get("COLLTUTOR_CHECKS", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+_switch = {"on": from_environment()}
+
+
+def enabled() -> bool:
+    """Whether colltutor checks arguments and agreement (the default: yes)."""
+    return _switch["on"]
+
+
+def set_checks(flag: bool) -> None:
+    """Turn the checks on or off in this process (call it on every rank)."""
+    _switch["on"] = bool(flag)
+
+
+class MismatchError(ValueError):
+    """Ranks disagree about a collective or a message (raised on every rank)."""
+
+
+class PeerArgumentError(ValueError):
+    """Another rank of the group passed bad arguments to the same collective."""
+
+
+# -- fingerprints -----------------------------------------------------------------
+
+NAMES = (
+    "broadcast", "reduce", "gather", "scatter", "all_reduce", "all_gather",
+    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier",
+)
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)},
+                 key=str)
+_FIELDS = ("collective", "error", "dtype", "numel", "op", "root", "algorithm")
+_MAGIC = 0x0C011EC7
+_FINGERPRINT_TAG = 0x3FFF_FFF1  # apart from the algorithms' tag 0
+_HEADER_BIT = 1 << 30  # a send's header travels on tag ^ _HEADER_BIT
+_TEXT = 240  # bytes of an argument error's message that other ranks see
+_NONE = -1
+
+
+def _kind(name: str) -> str:
+    """The algorithm table a public name uses: ``all_gather_into_tensor`` ->
+    ``all_gather``."""
+    return name.removesuffix("_tensor").removesuffix("_into").removesuffix("_single")
+
+
+def _dtype_id(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype)
+
+
+def _dtype_name(dtype_id: int) -> str:
+    return str(_DTYPES[dtype_id]).removeprefix("torch.")
+
+
+class _Call:
+    """One public collective call as its rank made it."""
+
+    def __init__(self, name: str, arguments: dict[str, Any]) -> None:
+        self.name, self.arguments = name, arguments
+        self.error: BaseException | None = None
+        self.agreed = False
+
+
+_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "colltutor_call", default=None
+)
+
+
+def collective(fn: Callable) -> Callable:
+    """Decorate a public collective: its ranks agree before any message moves.
+
+    The call is remembered while ``fn`` runs; ``fn``'s launch calls :func:`agree`.
+    If ``fn`` rejects its arguments before that, this rank still takes part in the
+    agreement, flagged as wrong, so the other ranks raise too instead of hanging.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        if not enabled():
+            return fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        call = _Call(fn.__name__, bound.arguments)
+        token = _current.set(call)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            if not call.agreed:
+                call.error = error
+                _fail_together(call)
+            raise
+        finally:
+            _current.reset(token)
+
+    return checked
+
+
+def _fail_together(call: _Call) -> None:
+    """Take part in the agreement with this rank's argument error, then re-raise."""
+    from colltutor import api  # the launch keeps collectives in program order
+
+    try:
+        api._launch(call.arguments.get("group"), False, lambda comm: None)
+    except Exception:  # a bad group, or the agreement itself: the first error wins
+        pass
+
+
+def agree(comm: Comm) -> None:
+    """Check the current call locally, then make the ranks agree on it or all raise.
+
+    Called by the public API's launch with the collective's :class:`Comm`, before
+    the algorithm sends anything.  Does nothing when checks are off or outside a
+    public collective.
+    """
+    call = _current.get()
+    if call is None or call.agreed or not enabled():
+        return
+    call.agreed = True
+    try:
+        if call.error is None:
+            _check_locally(call, comm)
+        row = _fingerprint(call, comm)
+    except (TypeError, ValueError, IndexError) as error:
+        call.error = error
+        row = _fingerprint(call, comm)
+    table = _all_gather_rows(comm, row) if comm.size > 1 else row[None]
+    if int(table[:, 2].max()) > 0:
+        _raise_argument_errors(call, comm, table)
+    problem = _compare(call.name, comm, table.tolist())
+    if problem:
+        raise MismatchError(problem)
+
+
+def _fingerprint(call: _Call, comm: Comm) -> torch.Tensor:
+    p = comm.size
+    row = [_NONE] * (len(_FIELDS) + 2 * p)
+    row[0] = NAMES.index(call.name)
+    row[1] = int(call.error is not None)
+    if call.error is None:
+        row[2:len(_FIELDS)] = _describe(call, comm)
+        if _kind(call.name) == "all_to_all":
+            row[len(_FIELDS):] = _split_counts(call, p)
+    return torch.tensor([_MAGIC] + row, dtype=torch.int64)
+
+
+def _describe(call: _Call, comm: Comm) -> list[int]:
+    """``[dtype, numel, op, root, algorithm]`` of a call whose arguments are valid."""
+    a, kind = call.arguments, _kind(call.name)
+    main = {"all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
+            "reduce_scatter": "output", "reduce_scatter_tensor": "output",
+            "all_to_all": None, "all_to_all_single": "input",
+            "barrier": None}.get(call.name, "tensor")
+    tensor = a[main] if main else None
+    if call.name == "all_to_all":
+        tensor = a["input_tensor_list"][0] if a["input_tensor_list"] else None
+    dtype = _dtype_id(tensor.dtype) if tensor is not None else _NONE
+    numel = tensor.numel() if main and kind != "all_to_all" else _NONE
+    op = ops.ALL_OPS.index(a["op"]) if "op" in a else _NONE
+    root = _root(a, comm)
+    algorithm = a.get("algorithm")
+    algorithm = _NONE if algorithm is None else _algorithms(kind).index(algorithm)
+    return [dtype, numel, op, root, algorithm]
+
+
+def _root(arguments: dict[str, Any], comm: Comm) -> int:
+    for name in ("src", "dst"):
+        if name in arguments:
+            if arguments[f"group_{name}"] is not None:
+                return arguments[f"group_{name}"]
+            if arguments[name] is None:
+                return 0
+            return comm.global_ranks.index(arguments[name])
+    return _NONE
+
+
+def _split_counts(call: _Call, p: int) -> list[int]:
+    """Elements this rank sends to each peer, then elements it expects from each."""
+    a = call.arguments
+    if call.name == "all_to_all":
+        sends = [t.numel() for t in a["input_tensor_list"]]
+        return sends + [t.numel() for t in a["output_tensor_list"]]
+    counts = []
+    for what in ("input", "output"):
+        tensor, sizes = a[what], f"{what}_split_sizes"
+        rows = tensor.shape[0] if tensor.dim() else 1
+        row = tensor.numel() // rows if rows else 0
+        split = a[sizes] or [rows // p] * p
+        counts += [s * row for s in split]
+    return counts
+
+
+def _algorithms(kind: str) -> list[str]:
+    from colltutor import api
+
+    return api.algorithms(kind)
+
+
+# -- local argument checks --------------------------------------------------------
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _check_locally(call: _Call, comm: Comm) -> None:
+    """What one rank can see wrong on its own: devices, dtypes, algorithm names."""
+    tensors = [(name, t) for name, value in call.arguments.items()
+               for t in _tensors(value)]
+    for name, tensor in tensors:
+        check_device(tensor, comm.backend, name)
+    dtypes = {t.dtype for _, t in tensors}
+    if len(dtypes) > 1:
+        listed = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise TypeError(f"{call.name}: every tensor must have the same dtype, got "
+                        f"{listed}")
+    algorithm = call.arguments.get("algorithm")
+    kind = _kind(call.name)
+    if algorithm is not None and algorithm not in _algorithms(kind):
+        raise ValueError(f"{kind} has no algorithm {algorithm!r}; choose from "
+                         f"{', '.join(_algorithms(kind))}")
+    if kind == "all_to_all":
+        counts = _split_counts(call, comm.size)
+        if len(counts) != 2 * comm.size or min(counts, default=0) < 0:
+            raise ValueError(f"{call.name}: split sizes must give one non-negative "
+                             f"count per rank of the group ({comm.size})")
+
+
+def check_device(tensor: torch.Tensor, backend: str, what: str = "tensor") -> None:
+    """gloo moves CPU tensors; NCCL moves CUDA tensors on the rank's own device."""
+    if backend == "gloo" and tensor.device.type != "cpu":
+        raise ValueError(f"{what} is on {tensor.device}, but the gloo backend moves "
+                         "CPU tensors only (call .cpu() first)")
+    if backend == "nccl":
+        here = torch.device("cuda", torch.cuda.current_device())
+        if tensor.device != here:
+            raise ValueError(f"{what} is on {tensor.device}, but NCCL on this rank "
+                             f"moves tensors on {here} (call .to({str(here)!r}))")
+
+
+# -- the agreement ----------------------------------------------------------------
+
+
+def _device(comm: Comm) -> torch.device:
+    if comm.batched:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _quiet(comm: Comm, tag: int, phase: str) -> Comm:
+    """A Comm for the checks' own messages: traces do not see them (they are not
+    the algorithm's), the runtime's hang report does."""
+    quiet = Comm(comm.group, tag=tag)
+    quiet.observers = tuple(o for o in comm.observers
+                            if isinstance(o, runtime.StepWatcher))
+    quiet.phases.append(phase)
+    return quiet
+
+
+def _all_gather_rows(comm: Comm, row: torch.Tensor) -> torch.Tensor:
+    """Bruck's all-gather of one small row per rank, on colltutor's own messages.
+
+    Step ``k`` sends the rows held so far to ``rank - 2**k`` and receives as many
+    from ``rank + 2**k``; after ``ceil(lg p)`` steps row ``i`` came from rank
+    ``rank + i``, and a roll puts them in rank order.
+    """
+    p, me = comm.size, comm.rank
+    quiet = _quiet(comm, _FINGERPRINT_TAG, "checks.agree")
+    held = torch.empty(p, row.numel(), dtype=row.dtype, device=_device(comm))
+    held[0].copy_(row)
+    distance = 1
+    while distance < p:
+        count = min(distance, p - distance)
+        quiet.exchange(sends=[((me - distance) % p, held[:count])],
+                       recvs=[((me + distance) % p, held[distance:distance + count])])
+        distance *= 2
+    return held.roll(me, dims=0).cpu()
+
+
+def _raise_argument_errors(call: _Call, comm: Comm, table: torch.Tensor) -> None:
+    """Share the wrong ranks' messages; the wrong rank re-raises its own error."""
+    text = torch.zeros(_TEXT, dtype=torch.uint8)
+    if call.error is not None:
+        data = f"{type(call.error).__name__}: {call.error}".encode()[:_TEXT]
+        text[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    texts = _all_gather_rows(comm, text.to(_device(comm)))
+    if call.error is not None:
+        raise call.error
+    wrong = [r for r in range(comm.size) if int(table[r, 2])]
+    lines = [f"rank {comm.global_ranks[r]}: "
+             + bytes(texts[r].tolist()).rstrip(b"\0").decode(errors="replace")
+             for r in wrong]
+    who = _ranks([comm.global_ranks[r] for r in wrong])
+    raise PeerArgumentError(
+        f"{call.name}: {who} passed bad arguments, so rank "
+        f"{comm.global_ranks[comm.rank]} stops too:\n  " + "\n  ".join(lines)
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``[0]`` -> ``rank 0``; ``[1, 2, 3]`` -> ``ranks 1-3``; ``[1, 3]`` ->
+    ``ranks 1,3``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ",".join(map(str, ranks))
+
+
+def _by_value(values: list, ranks: list[int]) -> list[tuple[Any, list[int]]]:
+    groups: dict[Any, list[int]] = {}
+    for value, rank in zip(values, ranks):
+        groups.setdefault(value, []).append(rank)
+    return sorted(groups.items(), key=lambda item: item[1][0])
+
+
+def _compare(name: str, comm: Comm, table: list[list[int]]) -> str:
+    """The disagreements in a table of fingerprints, as a message ('' if none)."""
+    ranks = comm.global_ranks
+    if any(row[0] != _MAGIC for row in table):
+        return f"{name}: a rank sent a garbled fingerprint (checks off on some ranks?)"
+    names = [NAMES[row[1]] for row in table]
+    if len({_kind(n) for n in names}) > 1:
+        said = [f"{_ranks(rs)} called {n}" for n, rs in _by_value(names, ranks)]
+        return " while ".join(said)
+    show = {
+        "dtype": _dtype_name, "numel": lambda n: f"{n} elements",
+        "op": lambda i: ops.op_name(ops.ALL_OPS[i]),
+        "root": lambda r: f"rank {ranks[r]}",
+        "algorithm": lambda i: "the default" if i < 0 else _algorithms(_kind(name))[i],
+    }
+    lines = []
+    for column, field in enumerate(_FIELDS[2:], start=2):
+        values = [row[column + 1] for row in table]
+        if len(set(values)) > 1:
+            said = [f"{_ranks(rs)} passed {show[field](v)}"
+                    for v, rs in _by_value(values, ranks)]
+            label = "element count" if field == "numel" else field
+            lines.append(f"{name}: ranks disagree on {label}: " + ", ".join(said))
+    if _kind(name) == "all_to_all" and not lines:
+        lines += _compare_splits(name, ranks, table)
+    return "\n".join(lines)
+
+
+def _compare_splits(name: str, ranks: list[int], table: list[list[int]]) -> list[str]:
+    p, first = len(table), len(_FIELDS) + 1
+    lines = []
+    for r in range(p):
+        for s in range(p):
+            expects, sent = table[r][first + p + s], table[s][first + r]
+            if expects != sent:
+                lines.append(f"{name}: rank {ranks[r]} expects {expects} elements "
+                             f"from rank {ranks[s]}, which sends it {sent}")
+    return lines
+
+
+# -- point-to-point headers -------------------------------------------------------
+
+_HEADER = 8  # magic, dtype, numel, ndim, then up to 4 dimensions
+
+
+def _header(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    dims = list(shape)[:4]
+    fields = [_MAGIC, _dtype_id(tensor.dtype), tensor.numel(), len(shape)] + dims
+    return torch.tensor(fields + [0] * (_HEADER - len(fields)), dtype=torch.int64)
+
+
+def _describe_header(fields: list[int]) -> str:
+    return f"{fields[2]} x {_dtype_name(fields[1])}"
+
+
+def _header_comm(comm: Comm) -> Comm:
+    return _quiet(comm, comm.tag ^ _HEADER_BIT, "checks.header")
+
+
+def send(comm: Comm, peer: int, flat: torch.Tensor,
+         shape: torch.Size | None = None) -> Pending:
+    """Post a send of ``flat`` to ``peer``: with checks, a header then the payload."""
+    if not enabled():
+        return comm.post(sends=[(peer, flat)])
+    check_device(flat, comm.backend)
+    header = _header(flat, flat.shape if shape is None else shape).to(_device(comm))
+    first = _header_comm(comm).post(sends=[(peer, header)])
+    return _Both(first, comm.post(sends=[(peer, flat)]))
+
+
+class _Both:
+    """Two posted steps waited for together (a header and its payload)."""
+
+    def __init__(self, first: Pending, second: Pending) -> None:
+        self.first, self.second = first, second
+
+    def wait(self) -> bool:
+        self.first.wait()
+        self.second.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.first.is_completed() and self.second.is_completed()
+
+
+def receive(comm: Comm, peer: int, flat: torch.Tensor):
+    """Post a receive into ``flat`` from ``peer``; with checks, compare the header.
+
+    The header's receive is posted now; a helper thread per ``(group, peer, tag)``
+    waits for it and then posts the payload's receive, in the order the program
+    asked, so that ``irecv`` then a blocking ``send`` works as it does natively.
+    """
+    if not enabled():
+        return comm.post(recvs=[(peer, flat)])
+    check_device(flat, comm.backend)
+    header = torch.empty(_HEADER, dtype=torch.int64, device=_device(comm))
+    posted = _header_comm(comm).post(recvs=[(peer, header)])
+    key = (id(comm.group), peer, comm.tag)
+    if key not in _receivers:
+        _receivers[key] = _Receiver()
+    return _receivers[key].submit(lambda: _finish(comm, peer, flat, posted, header))
+
+
+def receive_any(comm: Comm, flat: torch.Tensor) -> int:
+    """Receive into ``flat`` from whichever rank sends first; return its rank."""
+    if not enabled():
+        return comm.recv_any(flat)
+    check_device(flat, comm.backend)
+    header = torch.empty(_HEADER, dtype=torch.int64)
+    peer = _header_comm(comm).recv_any(header)
+    _finish(comm, peer, flat, None, header)
+    return peer
+
+
+def _finish(comm: Comm, peer: int, flat: torch.Tensor, posted: Pending | None,
+            header: torch.Tensor) -> None:
+    if posted is not None:
+        posted.wait()
+    fields = header.tolist()
+    if fields[0] != _MAGIC:
+        raise MismatchError(
+            f"rank {comm.global_ranks[comm.rank]} received a message without a "
+            f"colltutor header from rank {comm.global_ranks[peer]} (are checks off "
+            "on the sender?)"
+        )
+    if fields[1:3] == [_dtype_id(flat.dtype), flat.numel()]:
+        comm.post(recvs=[(peer, flat)]).wait()
+        return
+    scratch = torch.empty(fields[2], dtype=_DTYPES[fields[1]], device=flat.device)
+    comm.post(recvs=[(peer, scratch)]).wait()  # drain, so the sender finishes
+    mine = f"{flat.numel()} x {str(flat.dtype).removeprefix('torch.')}"
+    raise MismatchError(
+        f"rank {comm.global_ranks[comm.rank]} expected {mine} from rank "
+        f"{comm.global_ranks[peer]}, which sent {_describe_header(fields)}"
+    )
+
+
+class _Handle:
+    """What ``irecv`` returns with checks on: ``wait()`` re-raises a mismatch."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+
+    def wait(self) -> bool:
+        self.event.wait()
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        return self.event.is_set()
+
+
+class _Receiver:
+    """One daemon thread finishing one peer's receives in the order posted."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, daemon=True,
+                         name="colltutor-recv").start()
+
+    def submit(self, job: Callable[[], None]) -> _Handle:
+        handle = _Handle()
+        self.jobs.put((job, handle))
+        return handle
+
+    def _loop(self) -> None:
+        while True:
+            job, handle = self.jobs.get()
+            try:
+                job()
+            except BaseException as error:  # handed to the caller's wait()
+                handle.error = error
+            handle.event.set()
+
+
+_receivers: dict[tuple[int, int, int], _Receiver] = {}

@@ -1,0 +1,125 @@
+"""An interactive explorer: pick a collective, an algorithm, a world size, an element
+count and a round, and watch the algorithm run (in Jupyter, with ipywidgets).
+
+``explore.explorer()`` returns the widget.  Every change of collective, algorithm,
+world size or count runs the algorithm for real on that many ranks
+(:func:`colltutor.trace.run_collective`) and redraws from the new trace; moving the
+round slider only redraws.  The static website cannot run ranks, so it shows
+:func:`static_html` instead: the same drawing for one setting, with a note that the
+explorer is live in Jupyter.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+
+from matplotlib.figure import Figure
+
+from colltutor import draw
+from colltutor.trace import COLLECTIVES, Trace, algorithms, run_collective
+
+VIEWS: dict[str, Callable[[Trace, int], Figure]] = {
+    "round by round": lambda t, k: draw.frame(t, k),
+    "before / after": lambda t, k: draw.before_after(t),
+    "message pattern": lambda t, k: draw.rounds(t),
+    "timeline": lambda t, k: draw.timeline(t),
+}
+"""What the explorer can show; the round slider applies to the first view."""
+
+LIVE_NOTE = ("This is a static picture of the colltutor explorer. In Jupyter it is "
+             "live: run <code>from colltutor import explore; explore.explorer()</code> "
+             "to pick the collective, algorithm, world size (1-16), element count and "
+             "round, and watch the algorithm run for real.")
+
+
+def png(fig: Figure, dpi: int = 80) -> bytes:
+    """``fig`` as PNG bytes (no pyplot, no display needed)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def explorer(collective: str = "all_reduce", algorithm: str | None = None,
+             world_size: int = 4, count: int | None = None):
+    """The live explorer widget (needs ``ipywidgets``; see the module docstring)."""
+    import ipywidgets as w
+
+    algorithm = algorithm or algorithms(collective)[0]
+    pick = w.Dropdown(options=list(COLLECTIVES), value=collective,
+                      description="collective")
+    algo = w.Dropdown(options=algorithms(collective), value=algorithm,
+                      description="algorithm")
+    size = w.IntSlider(value=world_size, min=1, max=16, description="ranks")
+    elements = w.IntSlider(value=world_size if count is None else count, min=0,
+                           max=64, description="elements")
+    step = w.IntSlider(value=0, min=0, max=0, description="round")
+    view = w.Dropdown(options=list(VIEWS), description="view")
+    picture = w.Image(format="png")
+    status = w.HTML()
+    traces: dict[tuple, Trace] = {}  # runs already made, by setting
+    current: list[Trace] = []
+
+    def rerun(_=None) -> None:
+        key = (pick.value, algo.value, size.value, elements.value)
+        if key not in traces:
+            status.value = "running ..."
+            try:
+                traces[key] = run_collective(*key[:3], count=key[3])
+            except Exception as error:  # show it in the widget, keep the old trace
+                status.value = f"<pre>{type(error).__name__}: {error}</pre>"
+                return
+        current[:] = [traces[key]]
+        step.max = traces[key].rounds
+        step.value = min(step.value, step.max)
+        redraw()
+
+    def redraw(_=None) -> None:
+        if not current:
+            return
+        trace = current[0]
+        picture.value = png(VIEWS[view.value](trace, step.value))
+        c = trace.counts()
+        status.value = (f"{c['rounds']} rounds, {c['total_messages']} messages, "
+                        f"at most {c['max_messages']} messages and "
+                        f"{c['max_bytes']} bytes sent by one rank")
+
+    def new_collective(_=None) -> None:
+        algo.unobserve(rerun, "value")
+        algo.options = algorithms(pick.value)
+        algo.value = algo.options[0]
+        algo.observe(rerun, "value")
+        rerun()
+
+    pick.observe(new_collective, "value")
+    algo.observe(rerun, "value")
+    for control in (size, elements):
+        control.observe(rerun, "value")
+    step.observe(redraw, "value")
+    view.observe(redraw, "value")
+    rerun()
+    return w.VBox([w.HBox([pick, algo, view]), w.HBox([size, elements, step]),
+                   status, picture])
+
+
+def static_png(collective: str = "all_reduce", algorithm: str | None = None,
+               world_size: int = 4, count: int | None = None, step: int = 0,
+               view: str = "round by round", dpi: int = 80) -> bytes:
+    """One setting of the explorer rendered as a PNG (for pages without a kernel)."""
+    trace = run_collective(collective, world_size, algorithm, count=count)
+    return png(VIEWS[view](trace, min(step, trace.rounds)), dpi)
+
+
+def static_html(collective: str = "all_reduce", algorithm: str | None = None,
+                world_size: int = 4, count: int | None = None, step: int = 0,
+                view: str = "round by round", dpi: int = 80) -> str:
+    """:func:`static_png` inline in an HTML snippet, with the note that the
+    explorer is live in Jupyter.  Self-contained: the image is a ``data:`` URI."""
+    data = base64.b64encode(static_png(collective, algorithm, world_size, count,
+                                       step, view, dpi)).decode()
+    algorithm = algorithm or algorithms(collective)[0]
+    return (f'<figure class="colltutor-explorer">'
+            f'<img alt="{collective} ({algorithm}) on {world_size} ranks" '
+            f'src="data:image/png;base64,{data}"/>'
+            f"<figcaption>{LIVE_NOTE}</figcaption></figure>")

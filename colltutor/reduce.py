@@ -1,0 +1,119 @@
+"""Reduce: the root's buffer becomes ``op`` over every rank's buffer.
+
+Every algorithm has the signature ``fn(comm, buf, op, root)``.  Only the root's
+buffer changes: the other ranks work on a scratch copy, so their buffers are left
+as they were (what NCCL does; gloo's native reduce leaves scratch values there).
+Partial results are received into one reused scratch buffer and folded in place with
+:func:`colltutor.ops.combine`; :func:`colltutor.ops.finish` (AVG's division) is
+applied exactly once, to the final result.
+
+Chapter 3 of the book ("Broadcast and Reduce") walks through every algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from colltutor import ops
+from colltutor.p2p import Comm, algorithm
+
+from . import gather, reduce_scatter
+
+
+@algorithm
+def linear(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
+    """Reduce at the root, one rank at a time: the root receives every other
+    rank's buffer in turn and combines it into its own.
+
+    Steps: ``p - 1`` at the root (one receive each), 1 elsewhere.  Bytes: the root
+    receives ``(p-1) n``; every other rank sends ``n``.
+    Cost: ``(p-1)(alpha + n beta + n gamma)``.
+    Chapter 3, Broadcast and Reduce.
+    """
+    if comm.rank != root:
+        # 1. everyone else sends its buffer to the root (and keeps it unchanged)
+        comm.send(buf, root)
+        return
+    incoming = torch.empty_like(buf)
+    for src in range(comm.size):
+        if src != root:
+            # 2. the root receives one buffer and combines it into its own
+            comm.recv(incoming, src)
+            ops.combine(op, buf, incoming)
+    # 3. AVG divides the finished sum once
+    ops.finish(op, buf, comm.size)
+
+
+@algorithm
+def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
+    """Reduce up a binomial tree: the mirror image of the binomial broadcast.
+
+    In relative ranks (``vrank = (rank - root) % p``, root = 0), for growing
+    ``mask`` a rank receives the partial result of its child ``vrank + mask`` and
+    combines it into its own, until ``mask`` is its lowest set bit: then it sends
+    its partial result to its parent ``vrank - mask``.
+    Steps: ``ceil(lg p)``.  Bytes: each rank sends ``n`` once; the root receives
+    ``n`` ``ceil(lg p)`` times.  Cost: ``ceil(lg p)(alpha + n beta + n gamma)``.
+    Chapter 3, Broadcast and Reduce.
+    """
+    p = comm.size
+    vrank = (comm.rank - root) % p
+    # the root reduces into its buffer; everyone else into a scratch copy
+    acc = buf if comm.rank == root else buf.clone()
+    incoming = torch.empty_like(buf)
+
+    def real(v: int) -> int:
+        return (v + root) % p
+
+    mask = 1
+    while mask < p:
+        if vrank & mask:
+            # 2. send my partial result to my parent, and stop
+            comm.send(acc, real(vrank - mask))
+            return
+        if vrank + mask < p:
+            # 1. receive my child's partial result and combine it into mine
+            comm.recv(incoming, real(vrank + mask))
+            ops.combine(op, acc, incoming)
+        mask <<= 1
+    # 3. only the root gets here: AVG divides the finished sum once
+    ops.finish(op, acc, p)
+
+
+@algorithm
+def reduce_scatter_gather(comm: Comm, buf: torch.Tensor, op: object, root: int
+                          ) -> None:
+    """Reduce as reduce-scatter + gather (Rabenseifner): long messages, any ``p``.
+
+    Every rank first reduces one block of the buffer (reduce-scatter), then the
+    reduced blocks are gathered at the root with a binomial tree.  The
+    reduce-scatter is recursive halving when ``p`` is a power of two and a ring
+    otherwise (recursive halving's fold-in for other ``p`` moves ``n`` more bytes).
+    The reduce-scatter finishes each block (AVG divides it once), so the gather
+    only moves data.
+    Steps: ``2 lg p`` (ring: ``p - 1 + lg p``).  Bytes: each rank sends about
+    ``2 (p-1)/p n`` and reduces ``(p-1)/p n``.
+    Cost: ``2 lg p alpha + 2((p-1)/p) n beta + ((p-1)/p) n gamma``: twice the
+    bandwidth term of a reduce-scatter, but ``lg p`` times less reduction work and
+    traffic than the binomial tree when ``n`` is large.
+    Chapter 3, Broadcast and Reduce.
+    """
+    p = comm.size
+    # the root reduces into its buffer; everyone else into a scratch copy
+    work = buf if comm.rank == root else buf.clone()
+    # 1. reduce-scatter: rank r ends with the reduction of block r
+    if p & (p - 1) == 0:
+        reduce_scatter.recursive_halving(comm, work, op)
+    else:
+        reduce_scatter.ring(comm, work, op)
+    # 2. gather: the root collects every reduced block
+    gather.binomial_tree(comm, work, root)
+
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "linear": linear,
+    "binomial_tree": binomial_tree,
+    "reduce_scatter_gather": reduce_scatter_gather,
+}

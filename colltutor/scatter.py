@@ -1,0 +1,97 @@
+"""Scatter: the root hands block ``r`` of its buffer to rank ``r``.
+
+Every algorithm has the signature ``fn(comm, buf, root)``.  On entry the root's
+``buf`` holds ``p`` blocks (``blocks(buf, p)``, sizes differing by at most one
+element); on exit every rank's own block equals the root's block for it.  The rest
+of a non-root buffer is scratch; the root's buffer is left unchanged.
+
+Chapter 4 of the book ("Scatter and Gather") walks through both algorithms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from colltutor.p2p import Comm, algorithm, blocks, span
+
+
+def relative_span(buf: torch.Tensor, p: int, root: int, lo: int, hi: int
+                  ) -> list[torch.Tensor]:
+    """The blocks of *relative* ranks ``lo .. hi-1`` (rank = (vrank + root) % p).
+
+    Trees are drawn in relative ranks, where the root is 0 and a subtree covers
+    consecutive vranks, but blocks are stored by real rank.  A vrank range is one
+    contiguous view unless it wraps past rank ``p - 1``; then it is two views,
+    ``[lo+root, p)`` and ``[0, hi+root-p)``, sent as two messages.  No copy is made.
+    """
+    first, last = lo + root, hi + root
+    if last <= p:
+        return [span(buf, p, first, last)]
+    if first >= p:
+        return [span(buf, p, first - p, last - p)]
+    return [span(buf, p, first, p), span(buf, p, 0, last - p)]
+
+
+@algorithm
+def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    """Scatter in one step: the root sends every block straight to its owner.
+
+    Steps: 1 (the root posts ``p - 1`` sends at once).  Bytes: the root sends
+    ``(p-1)/p n``, every other rank receives ``n/p``.
+    Cost: ``(p-1) alpha + ((p-1)/p) n beta``; the root's link carries everything.
+    Chapter 4, Scatter and Gather.
+    """
+    parts = blocks(buf, comm.size)
+    if comm.rank == root:
+        # 1. the root sends block r to rank r
+        comm.exchange(sends=[(r, parts[r]) for r in range(comm.size) if r != root])
+    else:
+        # 1. everyone else receives its own block
+        comm.exchange(recvs=[(root, parts[comm.rank])])
+
+
+@algorithm
+def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    """Scatter down a binomial tree: each rank halves the blocks it holds.
+
+    In relative ranks (``vrank = (rank - root) % p``, root = 0) the subtree of
+    ``vrank`` below ``mask`` is ``vrank .. vrank+mask-1``.  A rank receives its
+    whole subtree's blocks from ``vrank - mask`` (its lowest set bit), then gives
+    the upper half to ``vrank + mask`` for ever smaller masks.
+    Steps: ``ceil(lg p)``.  Bytes: the root sends ``(p-1)/p n`` in total, halving
+    each step.  Cost: ``lg p alpha + ((p-1)/p) n beta``.  A subtree whose blocks
+    wrap past rank ``p - 1`` travels as two messages (see :func:`relative_span`).
+    Chapter 4, Scatter and Gather.
+    """
+    p = comm.size
+    vrank = (comm.rank - root) % p
+
+    def real(v: int) -> int:
+        return (v + root) % p
+
+    # 1. receive my subtree's blocks from my parent (the root has them already)
+    mask = 1
+    while mask < p:
+        if vrank & mask:
+            parent = real(vrank - mask)
+            mine = relative_span(buf, p, root, vrank, min(vrank + mask, p))
+            comm.exchange(recvs=[(parent, t) for t in mine])
+            break
+        mask <<= 1
+    # 2. hand the upper half of my subtree to the child at vrank + mask
+    mask >>= 1
+    while mask > 0:
+        if vrank + mask < p:
+            child = real(vrank + mask)
+            theirs = relative_span(buf, p, root, vrank + mask,
+                                   min(vrank + 2 * mask, p))
+            comm.exchange(sends=[(child, t) for t in theirs])
+        mask >>= 1
+
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "linear": linear,
+    "binomial_tree": binomial_tree,
+}

@@ -1,0 +1,359 @@
+"""Self-test: colltutor's public API against torch.distributed, the oracle.
+
+One ``colltutor.run`` per world size (1..8) runs the whole matrix on the same ranks:
+every collective x every algorithm x counts {0, 1, p-1, p+1, 1000, 65537} x dtypes x
+every op the dtype admits x every root, on the world group and on a subgroup, with
+and without ``async_op``.  Each case calls the *same* code twice, once with
+``lib=torch.distributed`` and once with ``lib=colltutor``: the API is a drop-in, so
+the case is written once.  While colltutor runs, every native collective of
+torch.distributed raises, which proves the algorithms use point-to-point only.
+
+The same matrix is the package's test suite on gloo (tests/test_collectives.py) and,
+on a machine with GPUs, ``python -m colltutor selftest --backend nccl`` against NCCL.
+
+Data are small integers, so every dtype (bfloat16 included) adds and multiplies them
+exactly in any order and results can be compared bit for bit; a separate set of
+cases uses random normal floats, compared with a tolerance (see ``_close``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+import colltutor
+import colltutor.api as colltutor  # TEMP
+from colltutor import ops
+
+R = dist.ReduceOp
+FLOATS = (torch.float32, torch.float64, torch.bfloat16)
+INTS = (torch.int32, torch.int64, torch.uint8)
+FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)
+INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+LARGE_DTYPES = (torch.float32, torch.int32)  # the 65537-element cases: two, for time
+NATIVE = ("broadcast", "reduce", "all_reduce", "gather", "all_gather",
+          "all_gather_into_tensor", "scatter", "reduce_scatter",
+          "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier")
+
+
+def counts(p: int) -> list[int]:
+    return sorted({0, 1, max(p - 1, 0), p + 1, 1000, 65537})
+
+
+def data(seed: int, n: int, dtype: torch.dtype, op, spread: bool = False,
+         device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rank-specific small integers: exact in every dtype under sums and products."""
+    g = torch.Generator().manual_seed(seed)
+    if spread:
+        x = torch.randn(n, generator=g, dtype=torch.float64)
+    else:
+        low, high = (1, 3) if op == R.PRODUCT else (0, 8)
+        if dtype.is_floating_point and op != R.PRODUCT:
+            low = -4
+        x = torch.randint(low, high, (n,), generator=g)
+    return x.to(device=device, dtype=dtype)
+
+
+# -- the cases: each is written once and run with lib=dist and lib=colltutor --------
+
+
+def _kw(lib, alg: str | None) -> dict:
+    return {"algorithm": alg} if lib is colltutor and alg else {}
+
+
+def case_broadcast(lib, alg, g, x, op, root, async_op):
+    t = x.clone()
+    _wait(lib.broadcast(t, src=root, group=g, async_op=async_op, **_kw(lib, alg)))
+    return [t]
+
+
+def case_reduce(lib, alg, g, x, op, root, async_op):
+    t = x.clone()
+    _wait(lib.reduce(t, dst=root, op=op, group=g, async_op=async_op,
+                     **_kw(lib, alg)))
+    # gloo's native reduce leaves scratch values on other ranks; NCCL and colltutor
+    # leave them unchanged, which is checked below for colltutor only.
+    if dist.get_rank() == root:
+        return [t]
+    if lib is colltutor and not torch.equal(t, x):
+        return [torch.tensor([-1])]
+    return []
+
+
+def case_all_reduce(lib, alg, g, x, op, root, async_op):
+    t = x.clone()
+    _wait(lib.all_reduce(t, op=op, group=g, async_op=async_op, **_kw(lib, alg)))
+    return [t]
+
+
+def case_gather(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    out = [torch.full_like(x, 7) for _ in range(p)] if dist.get_rank() == root else None
+    _wait(lib.gather(x.clone(), out, dst=root, group=g, async_op=async_op,
+                     **_kw(lib, alg)))
+    return out or []
+
+
+def case_scatter(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    parts = [x + i for i in range(p)] if dist.get_rank() == root else None
+    t = torch.full_like(x, 7)
+    _wait(lib.scatter(t, parts, src=root, group=g, async_op=async_op,
+                      **_kw(lib, alg)))
+    return [t]
+
+
+def case_all_gather(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    out = [torch.full_like(x, 7) for _ in range(p)]
+    _wait(lib.all_gather(out, x.clone(), group=g, async_op=async_op, **_kw(lib, alg)))
+    return out
+
+
+def case_all_gather_into_tensor(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    out = torch.full((p * x.numel(),), 7, dtype=x.dtype, device=x.device)
+    _wait(lib.all_gather_into_tensor(out, x.clone(), group=g, async_op=async_op,
+                                     **_kw(lib, alg)))
+    return [out]
+
+
+def case_reduce_scatter(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    n = x.numel() // p
+    parts = [x[i * n:(i + 1) * n].clone() for i in range(p)]
+    out = torch.full((n,), 7, dtype=x.dtype, device=x.device)
+    _wait(lib.reduce_scatter(out, parts, op=op, group=g, async_op=async_op,
+                             **_kw(lib, alg)))
+    return [out]
+
+
+def case_reduce_scatter_tensor(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    n = x.numel() // p
+    inp = x[: n * p].clone()
+    out = torch.full((n,), 7, dtype=x.dtype, device=x.device)
+    _wait(lib.reduce_scatter_tensor(out, inp, op=op, group=g, async_op=async_op,
+                                    **_kw(lib, alg)))
+    if not torch.equal(inp, x[: n * p]):
+        return [torch.tensor([-2])]  # the input must be left as it was
+    return [out]
+
+
+def _splits(p: int, n: int, me: int, sender: bool) -> list[int]:
+    """Uneven split sizes that every rank can compute: block (s -> d) has
+    (s + 2 d + n) % 4 rows, so some blocks are empty."""
+    return [((me + 2 * d + n) % 4 if sender else (d + 2 * me + n) % 4)
+            for d in range(p)]
+
+
+def case_all_to_all_single(lib, alg, g, x, op, root, async_op):
+    p, me = dist.get_world_size(g), dist.get_rank(g)
+    if x.numel() % 2:  # even split on odd counts: use the uneven split sizes
+        ins, outs = _splits(p, x.numel(), me, True), _splits(p, x.numel(), me, False)
+        inp = x[: 2 * sum(ins)].clone().view(-1, 2)
+        out = torch.full((sum(outs), 2), 7, dtype=x.dtype,
+                         device=x.device)
+    else:
+        ins = outs = None
+        rows = x.numel() // p
+        inp = x[: rows * p].clone()
+        out = torch.full_like(inp, 7)
+    _wait(lib.all_to_all_single(out, inp, outs, ins, group=g, async_op=async_op,
+                                **_kw(lib, alg)))
+    return [out]
+
+
+def case_all_to_all(lib, alg, g, x, op, root, async_op):
+    p = dist.get_world_size(g)
+    k = x.numel() // p  # gloo's list all_to_all wants equal sizes; _single does not
+    inputs = list(x[: k * p].clone().split(k)) if k else [x[:0].clone()] * p
+    outputs = [torch.full((k,), 7, dtype=x.dtype, device=x.device) for _ in range(p)]
+    _wait(lib.all_to_all(outputs, inputs, group=g, async_op=async_op,
+                         **_kw(lib, alg)))
+    return outputs
+
+
+def case_barrier(lib, alg, g, x, op, root, async_op):
+    _wait(lib.barrier(group=g, async_op=async_op, **_kw(lib, alg)))
+    return []
+
+
+CASES: dict[str, tuple[str, Callable]] = {
+    # public function -> (algorithm table, case)
+    "broadcast": ("broadcast", case_broadcast),
+    "reduce": ("reduce", case_reduce),
+    "all_reduce": ("all_reduce", case_all_reduce),
+    "gather": ("gather", case_gather),
+    "scatter": ("scatter", case_scatter),
+    "all_gather": ("all_gather", case_all_gather),
+    "all_gather_into_tensor": ("all_gather", case_all_gather_into_tensor),
+    "reduce_scatter": ("reduce_scatter", case_reduce_scatter),
+    "reduce_scatter_tensor": ("reduce_scatter", case_reduce_scatter_tensor),
+    "all_to_all": ("all_to_all", case_all_to_all),
+    "all_to_all_single": ("all_to_all", case_all_to_all_single),
+    "barrier": ("barrier", case_barrier),
+}
+ROOTED = {"broadcast", "reduce", "gather", "scatter"}
+REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor"}
+
+
+def _wait(work) -> None:
+    if work is not None:
+        work.wait()
+
+
+@contextlib.contextmanager
+def native_collectives_forbidden() -> Iterator[None]:
+    """Make every torch.distributed collective raise while colltutor runs."""
+    modules = (dist, dist.distributed_c10d)
+    saved = [(m, name, getattr(m, name)) for m in modules for name in NATIVE]
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("colltutor called a native torch.distributed collective")
+
+    for module, name, _ in saved:
+        setattr(module, name, forbidden)
+    try:
+        yield
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+
+
+def _close(ours: torch.Tensor, want: torch.Tensor, spread: bool, p: int) -> bool:
+    if ours.shape != want.shape or ours.dtype != want.dtype:
+        return False
+    if not spread:
+        return torch.equal(ours, want)
+    # Random floats: sums in a different order differ by rounding only.  Each of the
+    # p - 1 additions rounds by at most half an ulp of the running sum, so a relative
+    # error of p * eps (on values of order sqrt(p)) bounds it comfortably.
+    eps = torch.finfo(want.dtype).eps
+    return torch.allclose(ours.double(), want.double(), rtol=4 * p * eps,
+                          atol=4 * p * eps * 4)
+
+
+def plan(p: int) -> Iterator[tuple]:
+    """(function, algorithm, count, dtype, op, root, spread) for world size ``p``."""
+    for name, (table, _) in CASES.items():
+        for alg in colltutor.algorithms(table):
+            roots = range(p) if name in ROOTED else [0]
+            for i, n in enumerate(counts(p)):
+                # every count and dtype with a plain op, rotating the root
+                for j, dtype in enumerate(FLOATS + INTS):
+                    if n < 10000 or dtype in LARGE_DTYPES:
+                        yield name, alg, n, dtype, R.SUM, (i + j) % p, False
+                if name in REDUCING:
+                    yield name, alg, n, torch.float32, R.SUM, i % p, True
+            # every op that each dtype admits, at an awkward count, every root
+            if name in REDUCING:
+                for dtype in FLOATS + INTS:
+                    for k, op in enumerate(FLOAT_OPS if dtype in FLOATS else INT_OPS):
+                        yield name, alg, p + 1, dtype, op, k % p, False
+            for root in roots:
+                yield name, alg, 2 * p + 3, torch.int64, R.SUM, root, False
+
+
+def native_supports(backend: str, op) -> bool:
+    """Whether the native backend can be the oracle: NCCL has no bitwise reductions."""
+    return not (backend == "nccl" and op in ops.BITWISE)
+
+
+def run_matrix(subgroup: bool = False, async_every: int = 5, sample: int = 1,
+               device: torch.device | str = "cpu") -> dict:
+    """Run the plan on this rank against the native collectives of its group.
+
+    Returns ``{"cases": run, "skipped": cases the native backend refused,
+    "failures": [descriptions]}``.  ``sample=k`` runs one case in ``k``.
+    """
+    report = {"cases": 0, "skipped": 0, "failures": []}
+    world = dist.get_world_size()
+    g, members = None, list(range(world))
+    if subgroup:
+        members = list(range(1, world))
+        g = dist.new_group(members)
+        if dist.get_rank() not in members:
+            return report
+    p, me = len(members), members.index(dist.get_rank())
+    for index, (name, alg, n, dtype, op, root, spread) in enumerate(plan(p)):
+        if index % sample:
+            continue
+        table, case = CASES[name]
+        length = {"reduce_scatter": n * p, "all_to_all": n + 6 * p}.get(table, n)
+        x = data(1000 * index + me, length, dtype, op, spread, device)
+        groot = members[root]  # cases take a global root, as torch does
+        if not native_supports(dist.get_backend(g), op):
+            report["skipped"] += 1
+            continue
+        want = case(dist, alg, g, x, op, groot, False)
+        report["cases"] += 1
+        with native_collectives_forbidden():
+            try:
+                got = case(colltutor, alg, g, x, op, groot, index % async_every == 0)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - reported below
+                got, error = [], f"{type(exc).__name__}: {exc}"
+        ok = error is None and len(got) == len(want) and all(
+            _close(a, b, spread, p) for a, b in zip(got, want)
+        )
+        if not ok:
+            report["failures"].append(
+                f"rank {dist.get_rank()} {name}[{alg}] p={p} n={n} {dtype} "
+                f"{ops.op_name(op)} root={groot} subgroup={subgroup} "
+                f"{error or f'got {got[:1]} want {want[:1]}'}"[:400]
+            )
+    return report
+
+
+def _rank_main(sample: int, device_kind: str) -> dict:
+    device = torch.device(device_kind, torch.cuda.current_device()) \
+        if device_kind == "cuda" else torch.device("cpu")
+    whole = run_matrix(False, sample=sample, device=device)
+    if dist.get_world_size() >= 3:
+        sub = run_matrix(True, sample=sample * 7, device=device)
+        for key in ("cases", "skipped"):
+            whole[key] += sub[key]
+        whole["failures"] += sub["failures"]
+    return whole
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m colltutor selftest``: the test matrix against a native backend."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m colltutor selftest",
+        description="Compare every colltutor collective and algorithm with the "
+        "native torch.distributed collective on this machine.",
+    )
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    parser.add_argument("--world-size", "-n", type=int, default=None,
+                        help="ranks (default: GPUs for nccl, else 4)")
+    parser.add_argument("--sample", type=int, default=1,
+                        help="run one case in SAMPLE (default: all)")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args(argv)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if gpus >= 2 else "gloo"
+    world = args.world_size or (gpus if backend == "nccl" else 4)
+    if backend == "nccl" and gpus < world:
+        print(f"selftest: NCCL needs one GPU per rank; {world} ranks but {gpus} GPUs")
+        return 2
+    device = "cuda" if backend == "nccl" else "cpu"
+    reports = colltutor.run(_rank_main, world, args.sample, device, backend=backend,
+                            timeout=args.timeout)
+    failures = [f for r in reports for f in r["failures"]]
+    for line in failures[:50]:
+        print(line)
+    cases = sum(r["cases"] for r in reports)
+    skipped = sum(r["skipped"] for r in reports)
+    print(f"selftest on {backend}, {world} ranks: {cases} rank-cases compared, "
+          f"{skipped} refused by the native backend, {len(failures)} mismatches")
+    print(f"selftest: {cases - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0

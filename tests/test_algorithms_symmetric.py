@@ -1,0 +1,252 @@
+"""The symmetric collectives against torch.distributed itself.
+
+Every algorithm of all_gather, reduce_scatter, all_reduce and all_to_all runs for
+world sizes 1..8 x element counts {0, 1, p-1, p+1, 1000, 65537} x (dtype, op)
+pairs, inside ONE ``colltutor.run`` per world size, and is compared with the native
+gloo collective run on the same data in the same process group.  While colltutor's
+algorithms run, every torch.distributed collective is replaced by one that raises:
+the algorithms are built from point-to-point messages only.
+
+Exactness.  Integers must match bit for bit.  Floats are checked two ways:
+
+* "exact" data (small integers, or powers of two for PRODUCT) make every partial
+  result representable, even in bfloat16 (|sum| <= 8 ranks x 8 = 64 < 2^8), so the
+  order of summation cannot matter and the results must match bit for bit;
+* "random" normal float32/float64 data are compared with the tolerance that bounds
+  two different summation orders: |a - b| <= 2 (p-1) eps sum_i |x_i| (each order is
+  within (p-1) eps sum_i |x_i| of the exact sum, Higham's gamma_{p-1}).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor import all_gather, all_reduce, all_to_all, ops, p2p, reduce_scatter
+from colltutor.p2p import Comm, block_sizes, blocks
+
+R = dist.ReduceOp
+F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
+I32, I64, U8 = torch.int32, torch.int64, torch.uint8
+DTYPES = (F32, F64, BF16, I32, I64, U8)
+
+# (dtype, op, data): every dtype with several ops, every op with several dtypes
+REDUCTIONS = [
+    (F32, R.SUM, "exact"), (F32, R.AVG, "exact"), (F32, R.SUM, "random"),
+    (F64, R.PRODUCT, "exact"), (F64, R.MIN, "exact"), (F64, R.SUM, "random"),
+    (BF16, R.SUM, "exact"), (BF16, R.AVG, "exact"), (BF16, R.MAX, "exact"),
+    (BF16, R.PRODUCT, "exact"),
+    (I32, R.SUM, "random"), (I32, R.BXOR, "random"), (I32, R.PRODUCT, "small"),
+    (I64, R.MIN, "random"), (I64, R.BAND, "random"), (I64, R.SUM, "random"),
+    (U8, R.BOR, "random"), (U8, R.MAX, "random"), (U8, R.SUM, "random"),
+    (U8, R.PRODUCT, "small"),
+]
+LARGE = 65537
+REDUCTIONS_TINY = [(F32, R.AVG, "exact"), (F64, R.SUM, "random"),
+                   (BF16, R.MAX, "exact"), (I32, R.PRODUCT, "small"),
+                   (I64, R.BAND, "random"), (U8, R.SUM, "random")]
+REDUCTIONS_LARGE = [(F32, R.SUM, "random"), (BF16, R.AVG, "exact"),
+                    (I64, R.BXOR, "random")]
+NATIVE = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+          "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+          "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier")
+
+
+def counts(p: int) -> list[int]:
+    return sorted({0, 1, p - 1, p + 1, 1000, LARGE})
+
+
+def reductions(n: int, p: int) -> list[tuple]:
+    """Every (dtype, op) pair at p+1 and 1000 elements, one per dtype below."""
+    if n == LARGE:
+        return REDUCTIONS_LARGE
+    return REDUCTIONS if n in (p + 1, 1000) else REDUCTIONS_TINY
+
+
+def make_data(n: int, dtype: torch.dtype, kind: str, op: object, seed: int
+              ) -> torch.Tensor:
+    """This rank's input: exactly representable, random, or small (no overflow)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "random" and dtype.is_floating_point:
+        return torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    if kind == "random":
+        info = torch.iinfo(dtype)
+        return torch.randint(info.min, info.max, (n,), generator=gen, dtype=dtype)
+    if op == R.PRODUCT and dtype.is_floating_point:  # powers of two: exact products
+        return torch.tensor([-2.0, -1.0, 0.5, 1.0, 2.0], dtype=dtype)[
+            torch.randint(0, 5, (n,), generator=gen)]
+    low = 0 if dtype == U8 else -3 if kind == "small" else -8
+    return torch.randint(low, 4 if kind == "small" else 9, (n,), generator=gen,
+                         dtype=torch.int64).to(dtype)
+
+
+@contextlib.contextmanager
+def native_collectives_raise() -> Iterator[None]:
+    """Make every torch.distributed collective raise while colltutor runs."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a colltutor algorithm called a torch.distributed "
+                             "collective")
+
+    saved = {name: getattr(dist, name) for name in NATIVE if hasattr(dist, name)}
+    for name in saved:
+        setattr(dist, name, refuse)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def native_all_reduce(x: torch.Tensor, op: object) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, R.SUM if op == R.AVG else op)
+    ops.finish(op, out, dist.get_world_size())  # AVG: the SUM divided once
+    return out
+
+
+def native_all_gather(x: torch.Tensor, p: int, rank: int) -> torch.Tensor:
+    """Gather uneven blocks with the native collective by padding them."""
+    sizes = block_sizes(x.numel(), p)
+    width = max(sizes)
+    mine = x.new_zeros(width)
+    mine[:sizes[rank]] = blocks(x, p)[rank]
+    out = x.new_empty(p * width)
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    gather(out, mine)
+    return torch.cat([out[q * width:q * width + sizes[q]] for q in range(p)])
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, kind: str, sumabs=None) -> bool:
+    if kind != "random" or not got.dtype.is_floating_point:
+        return not torch.equal(got, want)
+    p = dist.get_world_size()
+    tol = 2 * max(p - 1, 1) * torch.finfo(got.dtype).eps * sumabs
+    return bool(((got.double() - want.double()).abs() > tol).any())
+
+
+def check_reductions(comm: Comm, failures: list[str]) -> int:
+    p, rank, cases = comm.size, comm.rank, 0
+    for n in counts(p):
+        for dtype, op, kind in reductions(n, p):
+            x = make_data(n, dtype, kind, op, seed=1000 * n + 31 * rank + 7)
+            want = native_all_reduce(x, op)
+            sumabs = x.double().abs()  # for the tolerance of random floats
+            if kind == "random" and dtype.is_floating_point:
+                dist.all_reduce(sumabs)
+            for coll, table in (("all_reduce", all_reduce.ALGORITHMS),
+                                ("reduce_scatter", reduce_scatter.ALGORITHMS)):
+                for name, fn in table.items():
+                    got = x.clone()
+                    with native_collectives_raise():
+                        fn(comm, got, op)
+                    if coll == "reduce_scatter":  # only my block is specified
+                        got, w, s = (blocks(t, p)[rank] for t in (got, want, sumabs))
+                    else:
+                        w, s = want, sumabs
+                    cases += 1
+                    if mismatch(got, w, kind, s):
+                        failures.append(f"{coll}.{name} p={p} n={n} {dtype} "
+                                        f"{ops.op_name(op)} {kind} on rank {rank}")
+    return cases
+
+
+def check_all_gather(comm: Comm, failures: list[str]) -> int:
+    p, rank, cases = comm.size, comm.rank, 0
+    for n in counts(p):
+        for dtype in DTYPES if n < LARGE else (BF16, I64):
+            x = make_data(n, dtype, "random", R.SUM, seed=n + rank)
+            want = native_all_gather(x, p, rank)
+            for name, fn in all_gather.ALGORITHMS.items():
+                got = torch.zeros_like(x)
+                blocks(got, p)[rank].copy_(blocks(x, p)[rank])
+                with native_collectives_raise():
+                    fn(comm, got)
+                cases += 1
+                if not torch.equal(got, want):
+                    failures.append(f"all_gather.{name} p={p} n={n} {dtype}")
+    return cases
+
+
+def split_sizes(n: int, p: int, uneven: bool) -> list[list[int]]:
+    """sizes[s][t]: elements rank s sends rank t (zeros included when uneven)."""
+    if not uneven:
+        return [[n] * p for _ in range(p)]
+    return [[(n + 3 * s + 5 * t + 7 * s * t) % (n + 1) for t in range(p)]
+            for s in range(p)]
+
+
+def check_all_to_all(comm: Comm, failures: list[str]) -> int:
+    p, rank, cases = comm.size, comm.rank, 0
+    for n in counts(p):
+        for uneven in (False, True):
+            sizes = split_sizes(n // p if n == LARGE else n, p, uneven)
+            sent = sizes[rank]
+            received = [sizes[s][rank] for s in range(p)]
+            for dtype in DTYPES if n < LARGE else (F32, U8):
+                x = make_data(sum(sent), dtype, "random", R.SUM, seed=n + rank)
+                want = x.new_empty(sum(received))
+                dist.all_to_all_single(want, x, received, sent)
+                for name, fn in all_to_all.ALGORITHMS.items():
+                    got = torch.zeros_like(want)
+                    with native_collectives_raise():
+                        fn(comm, list(got.split(received)), list(x.split(sent)))
+                    cases += 1
+                    if not torch.equal(got, want):
+                        failures.append(f"all_to_all.{name} p={p} n={n} {dtype} "
+                                        f"uneven={uneven} on rank {rank}")
+    return cases
+
+
+class CountSends:
+    """A p2p observer that records the size of every message this rank sends."""
+
+    def __init__(self) -> None:
+        self.sends: list[int] = []
+
+    def posted(self, comm, sends, recvs) -> None:
+        self.sends += [t.numel() for _, t in sends]
+
+    def completed(self, comm, sends, recvs) -> None:
+        pass
+
+
+def check_ring_trace(comm: Comm, failures: list[str]) -> int:
+    """Ring all-reduce: 2(p-1) sends of n/p elements (one segment each when small);
+    a large message is cut into segments but still sends 2(p-1) n/p elements."""
+    p = comm.size
+    for n in (4000, 2_000_000):
+        with p2p.observe(CountSends()) as seen:
+            all_reduce.ring(Comm(), torch.ones(n), R.SUM)
+        if n == 4000 and seen.sends != [n // p] * 2 * (p - 1):
+            failures.append(f"ring trace n={n}: sends {seen.sends}")
+        if sum(seen.sends) != 2 * (p - 1) * n // p or len(seen.sends) < 2 * (p - 1):
+            failures.append(f"ring trace n={n}: {len(seen.sends)} sends, "
+                            f"{sum(seen.sends)} elements")
+    return 2
+
+
+def check_world() -> tuple[list[str], int]:
+    """Runs on every rank: all cases for this world size; (failures, cases)."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    comm = Comm()
+    failures: list[str] = []
+    cases = check_reductions(comm, failures)
+    cases += check_all_gather(comm, failures)
+    cases += check_all_to_all(comm, failures)
+    if comm.size == 4:
+        cases += check_ring_trace(comm, failures)
+    return failures, cases
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_symmetric_collectives_match_torch(p: int) -> None:
+    results = colltutor.run(check_world, p, timeout=120)
+    failures = [f for fails, _ in results for f in fails]
+    assert sum(cases for _, cases in results) > 0
+    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures[:20])

@@ -1,0 +1,77 @@
+"""colltutor's public API against torch.distributed, the oracle.
+
+The matrix itself lives in :mod:`colltutor.selftest` (it doubles as the NCCL self-test
+users run on GPUs); here it runs on gloo for world sizes 1..8, one ``colltutor.run``
+per world size, on the world group and on a subgroup, some cases with ``async_op``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor.selftest import NATIVE, R, _rank_main, plan
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_matrix_matches_torch_distributed(p: int) -> None:
+    reports = colltutor.run(_rank_main, p, 1, "cpu", timeout=600)
+    failures = [f for r in reports for f in r["failures"]]
+    assert not failures, f"{len(failures)} mismatches, first:\n" + "\n".join(
+        failures[:20]
+    )
+    assert all(r["skipped"] == 0 for r in reports)  # gloo runs every native case
+    # the last rank is in the subgroup of ranks 1..p-1 too (sampled one case in 7)
+    subgroup = sum(1 for i, _ in enumerate(plan(p - 1)) if i % 7 == 0) if p >= 3 else 0
+    assert reports[-1]["cases"] == sum(1 for _ in plan(p)) + subgroup
+
+
+def test_every_collective_has_its_algorithms() -> None:
+    required = {
+        "broadcast": {"linear", "binomial_tree", "pipelined_ring", "scatter_allgather"},
+        "reduce": {"linear", "binomial_tree", "reduce_scatter_gather"},
+        "all_reduce": {"reduce_broadcast", "naive_ring", "ring", "recursive_doubling",
+                       "rabenseifner"},
+        "gather": {"linear", "binomial_tree"},
+        "scatter": {"linear", "binomial_tree"},
+        "all_gather": {"ring", "recursive_doubling", "bruck"},
+        "reduce_scatter": {"ring", "recursive_halving", "pairwise"},
+        "all_to_all": {"linear", "pairwise", "bruck"},
+        "barrier": {"central", "dissemination"},
+    }
+    for collective, names in required.items():
+        assert names <= set(colltutor.algorithms(collective)), collective
+
+
+def test_signatures_match_torch_distributed() -> None:
+
+    for name in [*NATIVE, "send", "recv", "isend", "irecv"]:
+        ours = inspect.signature(getattr(colltutor, name)).parameters
+        theirs = inspect.signature(getattr(dist, name)).parameters
+        assert list(ours)[: len(theirs)] == list(theirs), name
+        for param in theirs:
+            assert ours[param].default == theirs[param].default, (name, param)
+
+
+def _unsupported() -> list[str]:
+    messages = []
+    for dtype, op in itertools.product((torch.float32, torch.int64), R.__members__):
+        t = torch.ones(3, dtype=dtype)
+        try:
+            colltutor.all_reduce(t, op=getattr(R, op))
+        except (TypeError, ValueError) as exc:
+            messages.append(f"{dtype} {op}: {exc}")
+    return messages
+
+
+def test_refuses_bitwise_on_floats_and_avg_on_integers() -> None:
+    (messages,) = colltutor.run(_unsupported, 1)
+    joined = "\n".join(messages)
+    for op in ("BAND", "BOR", "BXOR"):
+        assert f"torch.float32 {op}: Cannot use ReduceOp.{op}" in joined
+    assert "torch.int64 AVG: Cannot use ReduceOp.AVG with integer dtype" in joined

@@ -1,0 +1,96 @@
+"""Pictures, animations and the explorer draw every algorithm (colltutor.draw etc.)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from matplotlib.figure import Figure
+
+from colltutor import animate, draw, explore, trace
+
+CASES = [(c, a) for c in trace.COLLECTIVES for a in trace.algorithms(c)]
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[tuple[int, str, str], trace.Trace]:
+    """Every algorithm on 3 ranks (a fold, uneven blocks: 7 elements) and on 4."""
+    out = {}
+    for p, count in ((3, 7), (4, 8)):
+        runs = trace.run_collectives(p, [(c, a, count, p - 1, "sum") for c, a in CASES])
+        out.update({(p, c, a): t for (c, a), t in zip(CASES, runs, strict=True)})
+    return out
+
+
+def _render(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=40)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_every_algorithm_draws(traces, p):
+    for collective, algorithm in CASES:
+        t = traces[(p, collective, algorithm)]
+        figures = [draw.before_after(t), draw.rounds(t), draw.timeline(t)]
+        figures += [draw.frame(t, k) for k in range(t.rounds + 1)]
+        assert all(isinstance(f, Figure) for f in figures)
+        if p == 3:  # render once per algorithm: text and arrows are laid out here
+            for f in figures[:3] + figures[-1:]:
+                assert _render(f).startswith(b"\x89PNG")
+
+
+def test_pictures_are_deterministic(traces):
+    t = traces[(4, "all_reduce", "rabenseifner")]
+    assert _render(draw.before_after(t)) == _render(draw.before_after(t))
+    assert _render(draw.rounds(t, layout="column")) == _render(
+        draw.rounds(t, layout="column"))
+    assert "rabenseifner" in draw.before_after(t)._suptitle.get_text()
+
+
+def test_labels_name_the_origin():
+    assert draw.label(trace.encode(2, 5)) == "2:5"
+    assert draw.label(sum(trace.encode(r, 5) for r in (0, 1, 2, 3))) == "Σ0-3:5"
+    assert draw.label(sum(trace.encode(r, 1) for r in (0, 1, 3))) == "Σ0-1,3:1"
+    assert draw.label(trace.EMPTY) == ""
+    assert draw.colour([1]) != draw.colour([0, 1])
+
+
+def test_animation_html_is_self_contained(traces):
+    html = animate.trace_html(traces[(4, "all_reduce", "ring")], dpi=30)
+    assert animate.external_urls(html) == []
+    assert "data:image/png;base64" in html and "<script" in html
+    assert "font-awesome" not in html and "http" not in html.lower()
+    frames = html.count("data:image/png;base64")
+    assert frames == traces[(4, "all_reduce", "ring")].rounds + 1
+
+
+def test_external_urls_are_found():
+    page = ('<link rel="stylesheet" href="https://cdn.example.com/x.css">'
+            '<img src="data:image/png;base64,AAAA"><script src="//cdn.x.org/a.js">'
+            '</script><a href="#top">top</a>')
+    found = animate.external_urls(page)
+    assert any("cdn.example.com" in u for u in found)
+    assert any("cdn.x.org" in u for u in found)
+    assert not any("data:" in u or "#top" in u for u in found)
+
+
+def test_explorer_static_rendering():
+    html = explore.static_html("all_gather", "bruck", world_size=3, step=1, dpi=30)
+    assert html.startswith("<figure") and "data:image/png;base64," in html
+    assert "live" in html and animate.external_urls(html) == []
+
+
+def test_explorer_widget_runs_and_redraws():
+    widgets = pytest.importorskip("ipywidgets")
+    box = explore.explorer("broadcast", "binomial_tree", world_size=3, count=3)
+    assert isinstance(box, widgets.VBox)
+    (pick, algo, view), (size, elements, step) = (box.children[0].children,
+                                                  box.children[1].children)
+    status, picture = box.children[2], box.children[3]
+    assert step.max == 2 and picture.value.startswith(b"\x89PNG")
+    first = picture.value
+    step.value = 1
+    assert picture.value != first
+    view.value = "timeline"
+    assert "rounds" in status.value
