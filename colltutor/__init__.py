@@ -1,5 +1,38 @@
-"""colltutor: every torch.distributed collective, built from send/recv."""
+"""colltutor: every torch.distributed collective, built from send/recv.
 
+The public functions have the names, parameters and in-place semantics of
+``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
+"""
+
+from colltutor.api import (
+    Work,
+    algorithms,
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
+from colltutor.checks import MismatchError, PeerArgumentError, set_checks
+from colltutor.ops import ReduceOp
+from colltutor.p2p import PeerLostError
 from colltutor.runtime import RankError, RankTimeoutError, rank, run, world_size
 
-__all__ = ["run", "rank", "world_size", "RankError", "RankTimeoutError"]
+__all__ = [
+    "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
+    "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
+    "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
+    "broadcast", "gather", "irecv", "isend", "rank", "recv", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "run", "scatter", "send", "set_checks", "world_size",
+]

@@ -40,8 +40,7 @@ class Channel:
         self.lock = threading.Lock()
 
     def send(self, message: tuple) -> None:
-        data = cloudpickle.dumps(message)
-        frame = _server._LENGTH.pack(len(data)) + data
+        frame = _server.encode(message)
         with self.lock:
             view = memoryview(frame)
             while view:
@@ -54,6 +53,7 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
     _server.die_with_parent()
     if os.getppid() != server:  # the server died before we could ask to follow it
         os._exit(71)
+    _server.set_name(f"colltutor-r{rank}")
     _capture_output(output)
     channel = Channel(results)
     _serve_status_requests(channel)
@@ -66,8 +66,7 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
             result = fn(*args, **kwargs)
         message = ("ok", cloudpickle.dumps(result))
     except BaseException as exc:
-        summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        message = ("error", summary, traceback.format_exc())
+        message = ("error", *_describe(exc))
     sys.stdout.flush()
     sys.stderr.flush()
     channel.send(message)
@@ -78,6 +77,15 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
     # peers blocked on it must not fail first and bury the real error.
     time.sleep(task["timeout"] + 60)
     os._exit(1)
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """One summary line and the traceback, without this module's own frame."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is child.__code__ and tb.tb_next:
+        tb = tb.tb_next
+    summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return summary, "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def _capture_output(output: int) -> None:
@@ -95,9 +103,9 @@ def _capture_output(output: int) -> None:
 def _serve_status_requests(channel: Channel) -> None:
     """Answer the caller's SIGUSR1 with this rank's status, from a helper thread.
 
-    SIGUSR1 is blocked before any other thread exists, so every thread (gloo's
-    included) inherits the mask and only this one receives it, even while the main
-    thread is stuck inside a C++ wait.
+    SIGUSR1 is blocked from the start (the server blocks it before forking), so every
+    thread, gloo's included, inherits the mask and only this one, waiting for it,
+    receives it, even while the main thread is stuck inside a C++ wait.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 

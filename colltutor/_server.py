@@ -2,7 +2,7 @@
 
 ``colltutor.run`` starts this module's :func:`main` in a new Python process the first
 time it is called.  The server imports torch and colltutor, then waits on its control
-socket (file descriptor ``FD``) for requests.  A ``run`` request carries the task
+socket (a socketpair with the caller) for requests.  A ``run`` request carries the task
 (cloudpickled function, world size, port of the caller's store...) and, as passed file
 descriptors, the write ends of each rank's output and result pipes; the server forks
 one process per rank, which starts with torch already imported (milliseconds instead
@@ -25,28 +25,32 @@ ancillary data just before the message they belong to.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import pickle
 import selectors
 import signal
 import socket
 import struct
-import sys
 from typing import Any
 
 _LENGTH = struct.Struct("!I")
 MAX_FDS = 3 * 256
 
 
-def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None:
-    """Send one message (any picklable object), with ``fds`` attached."""
+def encode(message: Any) -> bytes:
+    """One message (any picklable object) as bytes: its length, then its pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    header = _LENGTH.pack(len(data))
-    if fds:
-        socket.send_fds(sock, [header], list(fds))
-    else:
-        sock.sendall(header)
-    sock.sendall(data)
+    return _LENGTH.pack(len(data)) + data
+
+
+def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None:
+    """Send one message, with the file descriptors ``fds`` attached."""
+    frame = encode(message)
+    if fds:  # attached to the first bytes, which the receiver reads alone
+        socket.send_fds(sock, [frame[:_LENGTH.size]], list(fds))
+        frame = frame[_LENGTH.size:]
+    sock.sendall(frame)
 
 
 def receive_exactly(sock: socket.socket, size: int) -> bytes:
@@ -90,14 +94,23 @@ class FrameReader:
         return messages
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (thread) goes away."""
+def _prctl(option: int, value: Any) -> None:
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):  # not Linux
         pass
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (thread) goes away."""
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def set_name(name: str) -> None:
+    """The name ``ps -o comm``, ``top`` and ``htop`` show (at most 15 bytes)."""
+    _prctl(15, name.encode()[:15])  # PR_SET_NAME
 
 
 class Server:
@@ -105,7 +118,7 @@ class Server:
 
     def __init__(self, control: socket.socket) -> None:
         self.control = control
-        self.children: dict[int, int] = {}  # pid -> run id
+        self.children: set[int] = set()  # ranks not reaped yet
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -140,9 +153,14 @@ class Server:
         if kind == "run":
             _, run_id, task, payload_size = message
             payload = receive_exactly(self.control, payload_size)
+            pids: list[int] = []
             try:
-                pids = [self._fork(run_id, task, payload, rank, fds)
-                        for rank in range(task["world_size"])]
+                for rank in range(task["world_size"]):
+                    pids.append(self._fork(task, payload, rank, fds))
+            except OSError as exc:  # out of processes or memory: undo, report
+                self._kill(signal.SIGKILL, pids)
+                send_message(self.control, ("started", run_id, None, repr(exc)))
+                return
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -150,15 +168,12 @@ class Server:
         elif kind == "kill":
             _, signum, pids = message
             self._kill(signum, pids)
-        elif kind == "ping":
-            send_message(self.control, ("pong", os.getpid(), len(self.children)))
 
-    def _fork(self, run_id: int, task: dict, payload: bytes, rank: int,
-              fds: list[int]) -> int:
+    def _fork(self, task: dict, payload: bytes, rank: int, fds: list[int]) -> int:
         server = os.getpid()
         pid = os.fork()
         if pid:
-            self.children[pid] = run_id
+            self.children.add(pid)
             return pid
         try:  # the new rank
             signal.set_wakeup_fd(-1)
@@ -199,8 +214,23 @@ class Server:
                 return
             if pid == 0:
                 return
-            if self.children.pop(pid, None) is not None:
+            if pid in self.children:
+                self.children.remove(pid)
                 send_message(self.control, ("exit", pid, status))
+
+
+PRELOAD = ("colltutor.api", "colltutor.demo")
+"""Modules most ranks use, imported once here rather than in every rank."""
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a rank that needs it will import it and report why
+            pass
 
 
 def main(argv: list[str]) -> None:
@@ -219,17 +249,29 @@ def _main(argv: list[str]) -> None:
         die_with_parent()
     if os.getppid() != parent:
         return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C
+    # Ranks inherit this mask: a rank answers SIGUSR1 from a thread (see _rank.py).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    set_name("colltutor-srv")
     try:
         import torch  # noqa: F401  (the whole point: imported once, here)
 
         import colltutor  # noqa: F401
         from colltutor import _rank  # noqa: F401
+
+        _preload()
+
+        if torch.cuda.is_initialized():
+            raise RuntimeError("importing colltutor initialised CUDA: ranks forked "
+                               "from this process could not use it")
     except BaseException:
         import traceback
 
         send_message(control, ("failed", traceback.format_exc()))
         return
+    # Ranks share the server's memory until they write to it; keep their garbage
+    # collector off the (many) objects imported here, or each rank would copy them.
+    gc.freeze()
     send_message(control, ("ready", os.getpid()))
     Server(control).serve()
 

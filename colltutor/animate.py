@@ -11,6 +11,7 @@ algorithm chapter (``IPython.display.HTML(animate.html(...))``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from matplotlib.animation import FuncAnimation
@@ -62,10 +63,17 @@ _ICONS = {"fa fa-minus": "&minus;", "fa fa-fast-backward": "|&#9664;&#9664;",
 
 
 def _offline(html: str) -> str:
-    """Drop the player's stylesheet link and replace its icons by characters."""
+    """Drop the player's stylesheet link and replace its icons by characters; name
+    the player after its content instead of a random id, so that rebuilding the
+    book gives the same page."""
     html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
-    return re.sub(r'<i class="(fa [^"]+)"></i>',
+    html = re.sub(r'<i class="(fa [^"]+)"></i>',
                   lambda m: _ICONS.get(m.group(1), "?"), html)
+    ids = set(re.findall(r"anim([0-9a-f]{32})", html))
+    for old in ids:
+        new = hashlib.sha1(html.replace(old, "").encode()).hexdigest()[:32]
+        html = html.replace(old, new)
+    return html
 
 
 _URL = re.compile(r"""(?:src|href)\s*=\s*["'](?!data:|#|javascript:)([^"']+)["']"""

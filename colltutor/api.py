@@ -47,7 +47,8 @@ def _table(collective: str) -> dict[str, Callable]:
     return TABLES[collective]
 
 
-def _pick(collective: str, algorithm: str | None, nbytes: int, size: int) -> Callable:
+def _pick(collective: str, algorithm: str | None, nbytes: int | None, size: int
+          ) -> Callable:
     table = _table(collective)
     name = algorithm or tuning.choose(collective, nbytes, size)
     if name not in table:
@@ -104,7 +105,7 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
     group = group if group is not None else dist.group.WORLD
     if not _is_member(group):
         return None
-    comm = Comm(group)
+    comm = Comm(group, tag=COLLECTIVE_TAG)
     checks.agree(comm)  # ranks agree on the call before any message moves
     if async_op:
         return Work(_worker(group).submit(body, comm))
@@ -112,6 +113,11 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
         _workers[id(group)].submit(lambda: None).result()
     body(comm)
     return None
+
+
+COLLECTIVE_TAG = 0x3FFF_FFF0
+"""The tag of every collective's messages, so that they never match a user's pending
+point-to-point messages of the same pair (gloo matches by peer and tag)."""
 
 
 def _is_member(group: ProcessGroup) -> bool:
@@ -390,12 +396,18 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     size = dist.get_world_size(group)
     outputs = _split(output, output_split_sizes, size, "output")
     inputs = _split(input, input_split_sizes, size, "input")
-    return _all_to_all_views(outputs, inputs, group, async_op, algorithm)
+    uneven = bool(output_split_sizes or input_split_sizes)
+    return _all_to_all_views(outputs, inputs, group, async_op, algorithm, uneven)
 
 
-def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | None):
+def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | None,
+                      uneven: bool = True):
+    # The default may only depend on what every rank knows alike: with split sizes
+    # (or a list of tensors) ranks send different amounts, so the size-based choice
+    # would differ between ranks; they all take the large-message default instead.
+    nbytes = None if uneven else sum(_nbytes(t) for t in inputs)
+
     def body(comm: Comm) -> None:
-        nbytes = sum(_nbytes(t) for t in inputs)
         _pick("all_to_all", algorithm, nbytes, comm.size)(comm, outputs, inputs)
 
     return _launch(group, async_op, body)

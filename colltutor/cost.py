@@ -16,12 +16,12 @@ Notation: ``p`` ranks; ``count`` elements of ``itemsize`` bytes in the buffer th
 algorithm works on (the whole buffer of ``p`` blocks for gather, scatter,
 all-gather and reduce-scatter; everything a rank sends for all-to-all); ``b =
 count / p`` the size of one block; ``L = ceil(lg p)``; ``p'`` the largest power of
-two <= ``p``, ``e = p - p'`` the folded pairs (:mod:`colltutor.fold`).
+two <= ``p``, ``e = p - p'`` the folded pairs (:mod:`colltutor.collectives.fold`).
 
 The counts assume what the tests run: root 0, ``count`` a multiple of ``p`` and no
 message above ``reduce_scatter.SEGMENT_BYTES`` (larger ones are cut into segments,
 each its own message).  The pipelined broadcast's segments are counted
-(:func:`colltutor.broadcast.default_segments`).  Another root only
+(:func:`colltutor.collectives.broadcast.default_segments`).  Another root only
 relabels the ranks of a tree, except that a subtree whose blocks wrap past rank
 ``p - 1`` travels as two messages: bytes and rounds stay the same.
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from colltutor.fold import pof2
+from colltutor.collectives.fold import pof2
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,6 @@ def subtree(v: int, p: int) -> int:
     lowest set bit, cut at ``p``.  ``sum(subtree(v, p) for v in 1..p-1)`` blocks
     travel in a binomial scatter or gather: ``(p/2) lg p`` for a power of two."""
     return min(v & -v, p - v)
-
-
-def _children(v: int, p: int) -> int:
-    """How many children rank ``v`` has in a binomial tree rooted at 0."""
-    low = v & -v if v else 1 << lg(p)
-    return sum(1 for k in range(lg(p)) if (1 << k) < low and v + (1 << k) < p)
 
 
 def _vblocks(v: int, p: int) -> int:
@@ -114,7 +108,7 @@ def _halving(p: int, n: int, b: int) -> PerRank:
     (virtual rank v sends everything but its own virtual block), fold out (odd ranks
     hand back one block).  Rounds: lg p, +2 with a fold."""
     q, role = pof2(p), _fold_roles(p)
-    from colltutor.fold import virtual
+    from colltutor.collectives.fold import virtual
 
     def rank(r: int) -> tuple[int, int]:
         if role(r) == "even":
@@ -130,7 +124,7 @@ def _doubling(p: int, n: int, b: int) -> PerRank:
     """all_gather.recursive_doubling: fold in (even ranks send their block), doubling
     (see :func:`_doubling_sent`), fold out (odd ranks send all n)."""
     q, role = pof2(p), _fold_roles(p)
-    from colltutor.fold import virtual
+    from colltutor.collectives.fold import virtual
 
     def rank(r: int) -> tuple[int, int]:
         if role(r) == "even":
@@ -278,8 +272,9 @@ def counts(collective: str, algorithm: str, p: int, count: int, itemsize: int = 
 
 
 def _segments(count: int, itemsize: int, p: int) -> int:
-    """The segments :func:`colltutor.broadcast.pipelined_ring` cuts a buffer into."""
-    from colltutor.broadcast import default_segments
+    """How many segments :func:`colltutor.collectives.broadcast.pipelined_ring`
+    cuts a buffer into."""
+    from colltutor.collectives.broadcast import default_segments
 
     return max(1, min(default_segments(count * itemsize, p), count))
 
@@ -329,7 +324,9 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
                 lgq(p) + 2 * _fold(p), (lgq(p) + 2 * _fold(p)) * n,
                 (lgq(p) + _fold(p)) * n),
             "rabenseifner": lambda p, n: (
-                2 * lgq(p) + 4 * _fold(p), 2 * frac(p) * n + 2 * _fold(p) * n,
+                # each half pays its own fold: n + n/p in and out, twice
+                2 * lgq(p) + 4 * _fold(p),
+                2 * frac(p) * n + 2 * _fold(p) * (n + n / p),
                 frac(p) * n + _fold(p) * n),
         },
         "gather": {
@@ -367,7 +364,7 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
 
 def _pipelined(p: int, n: float) -> tuple[float, float, float]:
     """The pipelined chain with the segment count the algorithm itself picks."""
-    from colltutor.broadcast import default_segments
+    from colltutor.collectives.broadcast import default_segments
 
     k = default_segments(int(n), p)
     return p + k - 2, (p + k - 2) * n / k, 0.0
@@ -405,12 +402,16 @@ def best(collective: str, p: int, nbytes: float, alpha: float, beta: float,
 # -- fitting alpha, beta, gamma --------------------------------------------------
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares ``y = c + m x``; returns ``(c, m)``."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    k = len(points)
-    mx, my = sum(xs) / k, sum(ys) / k
-    var = sum((x - mx) ** 2 for x in xs)
-    m = sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+    """``y = c + m x`` fitted to minimise the *relative* errors, so that the tiny
+    times of small messages (which fix ``c``) count as much as the large ones
+    (which fix ``m``); returns ``(c, m)``."""
+    w = [1 / y ** 2 if y > 0 else 1.0 for _, y in points]
+    total = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points, strict=True)) / total
+    my = sum(wi * y for wi, (_, y) in zip(w, points, strict=True)) / total
+    var = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points, strict=True))
+    cov = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points, strict=True))
+    m = cov / var if var else 0.0
     return my - m * mx, m
 
 
@@ -467,15 +468,39 @@ def measure(sizes: Sequence[int] = tuple(4 << (2 * k) for k in range(10)),
     :func:`fit` the model to them (a few seconds).  Benchmarks, not tests."""
     from colltutor.runtime import run
 
-    result = run(_measure_rank, 2, list(sizes), repeat)[0]
+    result = run(_measure_rank, 2, list(sizes), repeat, backend="gloo")[0]
     return fit(result["pingpong"], result["reduction"])
 
 
 def table(collective: str, p: int, nbytes: float) -> list[dict[str, object]]:
-    """Every algorithm's counts-free prediction terms, for the book's tables."""
+    """Every algorithm's alpha, beta and gamma coefficients (:func:`terms`), for
+    the book's tables."""
     return [{"algorithm": a, **dict(zip(("alpha", "beta", "gamma"),
                                         terms(collective, a, p, nbytes),
                                         strict=True))}
             for a in MODEL[collective]]
 
 
+
+
+def compare(trace: object, collective: str | None = None,
+            algorithm: str | None = None, itemsize: int | None = None
+            ) -> dict[str, tuple[int, int]]:
+    """What a trace counted against what :func:`counts` says: ``{name: (counted,
+    formula)}`` for every number that differs (empty: they agree).
+
+    ``trace`` is a merged :class:`colltutor.trace.Trace`; the collective, algorithm
+    and element count come from its ``meta`` (as :func:`trace.run_collective` sets
+    them) unless given.  Exercise checkers use it to tell a ring from a naive ring.
+    """
+    meta = trace.meta  # type: ignore[attr-defined]
+    collective = collective or meta["collective"]
+    algorithm = algorithm or meta["algorithm"]
+    if itemsize is None:
+        sizes = [m.nbytes // m.numel for m in trace.messages  # type: ignore[attr-defined]
+                 if m.numel and collective != "barrier"]
+        itemsize = sizes[-1] if sizes else 8  # the last: data (bruck sends sizes first)
+    want = counts(collective, algorithm, trace.size,  # type: ignore[attr-defined]
+                  int(meta["count"]), itemsize).as_dict()
+    got = trace.counts()  # type: ignore[attr-defined]
+    return {k: (got[k], v) for k, v in want.items() if got[k] != v}

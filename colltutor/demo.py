@@ -1,4 +1,4 @@
-"""``python -m colltutor demo COLLECTIVE``: one collective, each rank's input and result.
+"""``python -m colltutor demo COLLECTIVE``: one collective, each rank's input, result.
 
     python -m colltutor demo all_reduce --algorithm ring --world-size 4
     torchrun --nproc-per-node 4 -m colltutor demo all_reduce --algorithm ring
@@ -38,8 +38,9 @@ def algorithms(collective: str) -> list[str]:
         return []
 
 
-def _collective(name: str) -> tuple[Callable, bool]:
-    """colltutor's public ``name`` (and True), or torch.distributed's (and False)."""
+def collective_function(name: str) -> tuple[Callable, bool]:
+    """colltutor's public ``name`` (and True), or, until colltutor has it,
+    torch.distributed's (and False)."""
     import colltutor
 
     fn = getattr(colltutor, name, None)
@@ -92,7 +93,7 @@ def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
     name, root, count = args.collective, args.root, args.count
     every = [_inputs(r, size, count, name, dtype) for r in range(size)]
     x = every[rank].to(device)
-    fn, ours = _collective(name)
+    fn, ours = collective_function(name)
     extra: dict[str, Any] = {"algorithm": args.algorithm} if ours else {}
     if name in REDUCING:
         extra["op"] = getattr(dist.ReduceOp, args.op.upper())
@@ -193,15 +194,17 @@ def main(argv: list[str] | None = None) -> int:
                              backend=args.backend, timeout=args.timeout)
     if os.environ.get("RANK", "0") != "0" and runtime.under_torchrun():
         return 0
-    _, ours = _collective(args.collective)
+    _, ours = collective_function(args.collective)
     what = f"colltutor.{args.collective}" if ours else \
         f"torch.distributed.{args.collective} (colltutor's is not available)"
-    details = [f"algorithm {args.algorithm or 'default'}"] if ours else []
+    details = [f"algorithm {args.algorithm}" if args.algorithm else
+               "default algorithm"] if ours else []
     if args.collective in ROOTED:
         details.append(f"root {args.root}")
     if args.collective in REDUCING:
         details.append(f"op {args.op}")
-    print(f"{what} on {size} ranks" + (f" ({', '.join(details)})" if details else ""))
+    ranks = "rank" if size == 1 else "ranks"
+    print(f"{what} on {size} {ranks}" + (f" ({', '.join(details)})" if details else ""))
     for rank, (shown_input, result, ok) in enumerate(results):
         mark = "" if ok else "   <-- WRONG"
         print(f"rank {rank}: input {shown_input}  ->  result {result}{mark}")

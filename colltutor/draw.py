@@ -1,15 +1,17 @@
 """Pictures of a collective, drawn from what its trace says it did.
 
-Every function takes a merged :class:`colltutor.trace.Trace` (for example from
-``trace.run_collective("all_reduce", 4, "ring")``) and returns a matplotlib
-:class:`~matplotlib.figure.Figure`; nothing is shown or printed, and the same trace
-always gives the same picture (fixed colours, no times or dates in titles).
+Every function but :func:`model` takes a merged :class:`colltutor.trace.Trace`
+(for example from ``trace.run_collective("all_reduce", 4, "ring")``) and returns a
+matplotlib :class:`~matplotlib.figure.Figure`; nothing is shown or printed, and the
+same trace always gives the same picture (fixed colours, no times or dates in
+titles).
 
 * :func:`before_after` -- ranks as rows, elements as cells, coloured by the ranks
   whose data the cell holds: the "what does this collective compute" picture.
 * :func:`rounds` -- one panel per round, ranks on a circle, one arrow per message.
 * :func:`timeline` -- ranks against time, one bar per message: latency and overlap.
 * :func:`frame` -- one round of an animation: the buffers and that round's arrows.
+* :func:`model` -- every algorithm's predicted time against size (no trace needed).
 
 Cell labels come from :func:`colltutor.trace.decode`: ``2:5`` is element 5 as rank 2
 holds it at the start; ``Σ0-3:5`` is element 5 summed over ranks 0 to 3.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
@@ -95,20 +98,25 @@ def grid(ax: Axes, rows: Sequence[Sequence[object]], parts: int,
     size = len(rows)
     count = max((len(r) for r in rows), default=0)
     labelled = count <= LABEL_LIMIT
+    image = np.ones((max(size, 1), max(count, 1), 3))
     for rank, values in enumerate(rows):
-        y = size - 1 - rank
         for i, value in enumerate(values):
             info = decode(value) if isinstance(value, (int, float)) else None
-            face = (colour(info[0]) if info else
-                    EMPTY_COLOUR if value == EMPTY else UNKNOWN_COLOUR)
-            ax.add_patch(Rectangle((i, y), 1, 1, facecolor=face, edgecolor="white",
-                                   linewidth=0.8))
+            image[rank, i] = (colour(info[0]) if info else to_rgb(
+                EMPTY_COLOUR if value == EMPTY else UNKNOWN_COLOUR))
             if labelled and (text := label(value)):
-                ax.text(i + 0.5, y + 0.5, text, ha="center", va="center",
+                text = text.replace(":", "\n", 1) if text[0] == "Σ" else text
+                ax.text(i + 0.5, size - 0.5 - rank, text, ha="center", va="center",
                         fontsize=_fontsize(count, text), color="black")
         for lo, hi in (highlight or {}).get(rank, []):
-            ax.add_patch(Rectangle((lo, y + 0.04), hi - lo, 0.92, fill=False,
-                                   edgecolor="black", linewidth=2))
+            ax.add_patch(Rectangle((lo, size - 1 - rank + 0.04), hi - lo, 0.92,
+                                   fill=False, edgecolor="black", linewidth=2))
+    ax.imshow(image, extent=(0, max(count, 1), 0, max(size, 1)), aspect="auto",
+              interpolation="nearest")
+    for x in range(1, count):  # thin white lines between cells
+        ax.axvline(x, color="white", linewidth=0.6)
+    for y in range(1, size):
+        ax.axhline(y, color="white", linewidth=2)
     edge = 0
     for block in block_sizes(count, max(parts, 1))[:-1]:
         edge += block
@@ -126,7 +134,9 @@ def grid(ax: Axes, rows: Sequence[Sequence[object]], parts: int,
 
 
 def _fontsize(count: int, text: str) -> float:
-    return max(4.0, min(9.0, 90.0 / max(count, 1) / max(len(text), 3) * 3))
+    """Small enough for the longest line of ``text`` to fit a cell."""
+    widest = max(max(len(line) for line in text.split("\n")), 3)
+    return max(4.5, min(9.0, 270.0 / max(count, 1) / widest))
 
 
 def _buffers(trace: Trace) -> tuple[str | None, str | None]:
@@ -195,7 +205,7 @@ def arrows(ax: Axes, trace: Trace, k: int, layout: str = "circle",
             shrinkA=10, shrinkB=10, color=PALETTE[src % len(PALETTE)],
             linewidth=1.2, connectionstyle=f"arc3,rad={bend}"))
         text = "+".join(c for c in chunks if c)
-        if len(pairs) <= 16 and text:
+        if len(pairs) <= 8 and text:  # more labels than that only overlap
             # the middle of matplotlib's arc3 curve: half way to its control point
             x = (x0 + x1) / 2 + bend * (y1 - y0) / 2
             y = (y0 + y1) / 2 - bend * (x1 - x0) / 2
@@ -277,8 +287,9 @@ def timeline(trace: Trace, unit: float = 1e-6) -> Figure:
 
 def frame(trace: Trace, k: int, fig: Figure | None = None) -> Figure:
     """Round ``k`` of the algorithm: the buffers as round ``k`` starts (left, with
-    the chunks about to be sent outlined) and the messages of round ``k`` (right).
-    ``k == trace.rounds`` shows the final buffers."""
+    the chunks about to be sent outlined; for all-to-all the output buffers, with
+    the places about to be filled outlined) and the messages of round ``k``
+    (right).  ``k == trace.rounds`` shows the final buffers."""
     before, after = _buffers(trace)
     count = len(trace.ranks[0].initial.get(before, [])) if before else 0
     if fig is None:
@@ -288,16 +299,51 @@ def frame(trace: Trace, k: int, fig: Figure | None = None) -> Figure:
     axes = fig.subplots(1, 2, width_ratios=[max(count, 2), max(trace.size, 3) * 1.2])
     done = k >= trace.rounds
     if before is not None:
-        name = after if done else before
+        # one buffer: outline what is about to be sent; an input and an output
+        # (all-to-all): show the output filling up, outline where data will land
+        name = after if done or before != after else before
         rows = [trace.state(r, k - 1, name) for r in range(trace.size)]
         marks: dict[int, list[tuple[int, int]]] = {}
         for m in [] if done else trace.in_round(k):
-            if m.src_chunk and m.src_chunk[0] == name:
-                marks.setdefault(m.src, []).append(m.src_chunk[1:])
+            rank, chunk = (m.src, m.src_chunk) if name == before else (m.dst,
+                                                                       m.dst_chunk)
+            if chunk and chunk[0] == name:
+                marks.setdefault(rank, []).append(chunk[1:])
         grid(axes[0], rows, trace.size,
              "result" if done else f"buffers as round {k} starts", marks)
     else:
         axes[0].axis("off")
     arrows(axes[1], trace, k, title="done" if done else None)
     fig.suptitle(_title(trace), fontsize=11)
+    return fig
+
+
+# -- the cost model ----------------------------------------------------------------
+
+def model(collective: str, p: int, alpha: float, beta: float, gamma: float = 0.0,
+          sizes: Sequence[int] | None = None,
+          measured: dict[str, Sequence[tuple[float, float]]] | None = None) -> Figure:
+    """Predicted time of every algorithm of ``collective`` on ``p`` ranks against
+    message size (:func:`colltutor.cost.predict`, log-log), with measured
+    ``(nbytes, seconds)`` points per algorithm drawn over the lines if given."""
+    from colltutor import cost
+
+    sizes = list(sizes or [1 << k for k in range(0, 27)])
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for i, name in enumerate(cost.MODEL[collective]):
+        c = PALETTE[i % len(PALETTE)]
+        times = [cost.predict(collective, name, p, n, alpha, beta, gamma) * 1e6
+                 for n in sizes]
+        ax.plot(sizes, times, color=c, label=name)
+        for n, t in (measured or {}).get(name, []):
+            ax.plot([n], [t * 1e6], "o", color=c, markersize=4)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time (µs)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{collective} on {p} ranks: alpha-beta-gamma model"
+                 + (" (dots: measured)" if measured else ""), fontsize=11)
     return fig

@@ -66,7 +66,7 @@ def explorer(collective: str = "all_reduce", algorithm: str | None = None,
         if key not in traces:
             status.value = "running ..."
             try:
-                traces[key] = run_collective(*key[:3], count=key[3])
+                traces[key] = run_collective(key[0], key[2], key[1], count=key[3])
             except Exception as error:  # show it in the widget, keep the old trace
                 status.value = f"<pre>{type(error).__name__}: {error}</pre>"
                 return

@@ -218,7 +218,7 @@ def blocks(buffer: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 
 def block_sizes(numel: int, parts: int) -> list[int]:
-    """Sizes of :func:`blocks`, without a tensor: ``block_sizes(10, 4) == [3, 3, 2, 2]``.
+    """Sizes of :func:`blocks` without a tensor: ``block_sizes(10, 4) == [3, 3, 2, 2]``.
     """
     base, extra = divmod(numel, parts)
     return [base + (i < extra) for i in range(parts)]

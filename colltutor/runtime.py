@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import itertools
+import math
 import os
 import selectors
 import signal
@@ -47,6 +48,7 @@ MAX_WORLD_SIZE = _server.MAX_FDS // 2
 _GRACE = 0.05  # after a first failure, seconds to wait for simultaneous ones
 _STATUS_WAIT = 0.5  # after a timeout, seconds to wait for the ranks' status lines
 _STOP_WAIT = 10.0  # seconds to wait for killed ranks to be reaped
+_LONGEST = 7 * 86400.0  # torch's own timeouts when the run has none
 
 
 class RankError(RuntimeError):
@@ -114,8 +116,8 @@ class _Status:
 _status = _Status()
 
 
-def report_status(text: str) -> None:
-    """Say what this rank is doing now (cheap: one assignment).
+def report_status(text: str | None) -> None:
+    """Say what this rank is doing now (cheap: one assignment; None clears it).
 
     If the run times out, the error shows the last status of every unfinished rank.
     Steps of colltutor's point-to-point layer are reported automatically.
@@ -188,15 +190,17 @@ class _ForkServer:
         self.sock = ours
         self.reader = _server.FrameReader()
         self.inbox: list[Any] = []
-        try:
-            message = self.next_message(lambda m: m[0] in ("ready", "failed"), 300)
-        except BaseException:
-            self.close()
-            raise
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the server has imported torch (the caller works meanwhile)."""
+        if self.ready:
+            return
+        message = self.next_message(lambda m: m[0] in ("ready", "failed"), 300)
         if message[0] == "failed":
-            self.close()
-            raise RuntimeError(
+            raise _ServerGone(
                 f"colltutor's fork server failed to start:\n{message[1]}")
+        self.ready = True
 
     def usable(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
@@ -278,10 +282,17 @@ atexit.register(shutdown)
 def start() -> None:
     """Start the fork server ahead of the first :func:`run` (it takes a second)."""
     with _lock:
-        _server_for_run()
+        _server_for_run().wait_ready()
 
 
 # --- one run ---
+
+
+def cores() -> int:
+    """CPU cores this process may use; ranks share them (``torch.set_num_threads``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _choose_backend(backend: str, world_size: int) -> str:
@@ -294,7 +305,7 @@ def _choose_backend(backend: str, world_size: int) -> str:
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT, stream: bool = False, **kwargs: Any
+        timeout: float | None = DEFAULT_TIMEOUT, stream: bool = False, **kwargs: Any
         ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
@@ -303,14 +314,15 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     ``torch.distributed`` and ``colltutor`` calls work as usual.  Rank output is
     printed after the run, prefixed ``[rank r]`` (live with ``stream=True``).
     Raises :class:`RankError` if a rank fails and :class:`RankTimeoutError` after
-    ``timeout`` seconds.
+    ``timeout`` seconds (``None``: no limit).
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
-    backend = _choose_backend(backend, world_size)
-    payload = _pickle(fn, args, kwargs)
+    timeout = math.inf if timeout is None else float(timeout)
     with _lock:
-        server = _server_for_run()
+        server = _server_for_run()  # starts it if needed, without waiting for it
+        backend = _choose_backend(backend, world_size)
+        payload = _pickle(fn, args, kwargs)
         try:
             return _Run(server, world_size, backend, timeout, stream).execute(payload)
         except _ServerGone:
@@ -363,28 +375,29 @@ class _Rank:
         self.status: str | None = None
         self.exit_status: int | None = None
 
-    def read_results(self) -> bool:
-        """Read result messages; False at end of file (or nothing more to read)."""
+    def read_results(self) -> bool | None:
+        """Read result messages: True if some came, False at end of file, None if
+        there is nothing to read now."""
         data = _read(self.results)
-        if data:
-            for message in self.reader.feed(data):
-                if message[0] == "status":
-                    self.status = message[1]
-                elif self.outcome is None:
-                    self.outcome = message
-        return bool(data)
+        for message in self.reader.feed(data or b""):
+            if message[0] == "status":
+                self.status = message[1]
+            elif self.outcome is None:
+                self.outcome = message
+        return data if data is None else bool(data)
 
-    def read_output(self) -> bool:
-        """Read what the rank printed; False at end of file (or nothing to read)."""
+    def read_output(self) -> bool | None:
+        """Read what the rank printed: True if something came, False at end of
+        file, None if there is nothing to read now."""
         data = _read(self.output)
         if data:
             *lines, self.partial = (self.partial + data).split(b"\n")
             for line in lines:
                 self._line(line)
-        elif self.partial:
+        elif data is not None and self.partial:
             self._line(self.partial)
             self.partial = b""
-        return bool(data)
+        return data if data is None else bool(data)
 
     def _line(self, line: bytes) -> None:
         text = f"[rank {self.rank}] {line.decode(errors='replace').rstrip()}"
@@ -400,11 +413,12 @@ class _Rank:
         return f"exit code {code}"
 
 
-def _read(fd: int) -> bytes:
+def _read(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds: b"" at end of file, None if nothing yet."""
     try:
         return os.read(fd, 1 << 16)
     except BlockingIOError:
-        return b""
+        return None
 
 
 class _Run:
@@ -424,9 +438,10 @@ class _Run:
         port = listener.getsockname()[1]
         fd = listener.detach()
         try:
+            wait = datetime.timedelta(seconds=min(self.timeout, _LONGEST) + 30)
             store = dist.TCPStore("127.0.0.1", port, self.world_size, is_master=True,
                                   wait_for_workers=False, master_listen_fd=fd,
-                                  timeout=datetime.timedelta(seconds=self.timeout + 30))
+                                  timeout=wait)
         except BaseException:
             os.close(fd)
             raise
@@ -442,7 +457,7 @@ class _Run:
     def _start(self, payload: bytes, port: int) -> None:
         task = {
             "world_size": self.world_size, "port": port, "backend": self.backend,
-            "timeout": self.timeout, "cores": len(os.sched_getaffinity(0)),
+            "timeout": min(self.timeout, _LONGEST), "cores": cores(),
             "cwd": os.getcwd(), "path": list(sys.path), "env": dict(os.environ),
         }
         ends = []
@@ -454,6 +469,7 @@ class _Run:
             self.ranks.append(_Rank(r, results_r, output_r, self.stream))
             ends += [output_w, results_w]
         run_id = next(_run_ids)
+        self.server.wait_ready()
         try:
             self.server.send(("run", run_id, task, len(payload)), ends, payload)
         finally:
@@ -465,6 +481,9 @@ class _Run:
         except BaseException:
             shutdown()  # we do not know which ranks exist: stop them all
             raise
+        if started[2] is None:
+            raise RuntimeError(f"colltutor's fork server could not start the ranks:\n"
+                               f"{started[3]}")
         for r, pid in zip(self.ranks, started[2], strict=True):
             r.pid = pid
             self.by_pid[pid] = r
@@ -501,7 +520,7 @@ class _Run:
         while any(r.exit_status is None for r in self.ranks):
             now = time.monotonic()
             if killed_at is None:
-                if failed_at is None and self._failures():
+                if failed_at is None and asked_at is None and self._failures():
                     failed_at = now
                 if failed_at is not None:  # wait a moment for simultaneous failures
                     wake = failed_at + _GRACE
@@ -534,12 +553,12 @@ class _Run:
         return outcome
 
     def _events(self, selector: selectors.BaseSelector, wait: float) -> None:
-        for key, _ in selector.select(wait):
+        for key, _ in selector.select(None if wait == math.inf else wait):
             if key.data is None:
                 self.server.read()
                 continue
             r, read = key.data
-            if not read():
+            if read() is False:
                 selector.unregister(key.fd)
         while self.server.inbox:
             message = self.server.inbox.pop(0)
@@ -589,6 +608,9 @@ class _Run:
         for r in self.ranks:
             while r.read_output():
                 pass
+            if r.partial:  # the rank is gone; its last line had no newline
+                r._line(r.partial)
+                r.partial = b""
         if not self.stream:
             for r in self.ranks:
                 for line in r.lines:

@@ -1,8 +1,8 @@
 """Record every message a collective sends, to draw it and to count it.
 
-Inside a rank function::
+Inside a rank function (``colltutor.trace()`` is ``colltutor.trace.record()``)::
 
-    with colltutor.trace.record() as t:
+    with colltutor.trace() as t:
         buf = t.watch(torch.arange(8.0))          # the buffer the pictures show
         colltutor.all_reduce(buf, algorithm="ring")
     return t                                        # a picklable RankTrace
@@ -14,11 +14,11 @@ watched buffer it was read from and written to, its start and end time, and the
 so that pictures can show the data moving.
 
 Recording is an :class:`colltutor.p2p.Observer`: the point-to-point layer calls it
-at every step, and only while ``record()`` is active.  With no recorder installed the
-algorithms run exactly as before (the observer list is empty), and they contain no
-tracing code of their own.  Note that a :class:`~colltutor.p2p.Comm` picks up the
-observers active when it is created, so create it (or call the collective) inside the
-``with`` block.
+at every step, and only while ``record()`` is active.  Outside it no recorder is
+installed and nothing is copied or timed: the algorithms run exactly as before, and
+they contain no tracing code of their own.  A :class:`~colltutor.p2p.Comm` picks up
+the observers active when it is created, so create it (or call the collective)
+inside the ``with`` block.
 
 :func:`run_collective` does all of this for one collective on recognisable data; the
 book, the animations and the explorer draw from it (Chapter 1, "Watching data move").
@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import importlib
+import sys
 import time
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -282,7 +286,7 @@ class Trace:
 
 
 def merge(traces: Sequence[RankTrace], **meta: object) -> Trace:
-    """Join every rank's :class:`RankTrace` (in rank order) into one :class:`Trace`.
+    """Join the :class:`RankTrace` of every rank of a group into one :class:`Trace`.
 
     Sends and receives are paired in order per (source, destination), which is how
     both backends match them.  Times are shifted so that the first post is at 0 (all
@@ -295,7 +299,10 @@ def merge(traces: Sequence[RankTrace], **meta: object) -> Trace:
     ring every rank's k-th step is round k; in a binomial tree a rank that waits for
     its parent receives in the parent's round, not in its own first step.
     """
-    traces = copy.deepcopy(list(traces))
+    traces = sorted(copy.deepcopy(list(traces)), key=lambda t: t.rank)
+    by_rank = {t.rank: t for t in traces}
+    if len(by_rank) != len(traces):
+        raise ValueError("merge() needs one RankTrace per rank of the group")
     size = max([t.size for t in traces] + [len(traces)])
     t0 = min((s.start for t in traces for s in t.steps), default=0.0)
     steps = [s for t in traces for s in t.steps]
@@ -313,8 +320,8 @@ def merge(traces: Sequence[RankTrace], **meta: object) -> Trace:
             if not queue:
                 raise ValueError(f"rank {h.rank} sent to {h.peer}, who never received")
             r = queue.pop(0)
-            sender = traces[h.rank].steps[h.step]
-            receiver = traces[r.rank].steps[r.step]
+            sender = by_rank[h.rank].steps[h.step]
+            receiver = by_rank[r.rank].steps[r.step]
             chunk = (h.buffer, h.lo, h.hi) if h.buffer else None
             dst_chunk = (r.buffer, r.lo, r.hi) if r.buffer else None
             end = receiver.end if receiver.end is not None else receiver.start
@@ -325,8 +332,8 @@ def merge(traces: Sequence[RankTrace], **meta: object) -> Trace:
     for s in steps:
         s.round = clock.get((s.rank, s.index), (0, 0))[0]
     for m in messages:
-        traces[m.src].steps[m.src_step].round = m.round
-        traces[m.dst].steps[m.dst_step].round = m.round
+        by_rank[m.src].steps[m.src_step].round = m.round
+        by_rank[m.dst].steps[m.dst_step].round = m.round
     messages.sort(key=lambda m: (m.round, m.src, m.dst, m.start))
     merged_meta = dict(traces[0].meta) if traces else {}
     merged_meta.update(meta)
@@ -392,9 +399,7 @@ def decode(value: float | int) -> tuple[frozenset[int], int] | None:
 
 
 def _table(collective: str) -> dict:
-    import importlib
-
-    return importlib.import_module(f"colltutor.{collective}").ALGORITHMS
+    return importlib.import_module(f"colltutor.collectives.{collective}").ALGORITHMS
 
 
 def algorithms(collective: str) -> list[str]:
@@ -409,15 +414,15 @@ def _op(op: object):
 
 
 def _rank_run(collective: str, algorithm: str, count: int, root: int, op: object,
-              small: int) -> RankTrace:
+              small: int, warmup: bool) -> RankTrace:
     """One rank of :func:`run_collective` (runs inside ``colltutor.run``)."""
     fn = _table(collective)[algorithm]
-    dist.barrier()
-    # A warm-up run makes the connections between ranks (the first message between
-    # two ranks is slow) and a barrier lines the ranks up, so the timeline shows
-    # the algorithm rather than process start-up.
-    _call(collective, fn, p2p.Comm(), count, root, op, RankTrace(small))
-    dist.barrier()
+    if warmup:
+        # A warm-up run makes the connections between ranks (the first message
+        # between two ranks is slow) and a barrier lines the ranks up, so that the
+        # timeline shows the algorithm rather than process start-up.
+        _call(collective, fn, p2p.Comm(), count, root, op, RankTrace(small))
+        dist.barrier()
     with record(small) as t:
         _call(collective, fn, p2p.Comm(), count, root, op, t)
     t.meta = {"collective": collective, "algorithm": algorithm, "count": count,
@@ -457,21 +462,24 @@ def _call(collective: str, fn, comm: p2p.Comm, count: int, root: int, op: object
         fn(comm, buf, root)
 
 
-def _rank_run_many(cases: list[tuple], small: int) -> list[RankTrace]:
-    return [_rank_run(*case, small) for case in cases]
+def _rank_run_many(cases: list[tuple], small: int, warmup: bool) -> list[RankTrace]:
+    return [_rank_run(*case, small, warmup) for case in cases]
 
 
 def run_collectives(world_size: int, cases: Sequence[tuple], small: int = SMALL,
-                    timeout: float = 120) -> list[Trace]:
+                    timeout: float = 120, warmup: bool = True) -> list[Trace]:
     """Several runs in one start of the ranks (much faster than one run each).
 
     ``cases``: tuples ``(collective, algorithm, count, root, op)``; one merged
-    :class:`Trace` per case, in order.
+    :class:`Trace` per case, in order.  ``warmup=False`` skips the unrecorded
+    first run of each case (counts do not need it; timelines do).
     """
     from colltutor.runtime import run
 
     cases = [_case(world_size, *case) for case in cases]
-    results = run(_rank_run_many, world_size, cases, small, timeout=timeout)
+    # gloo, even where there are GPUs: the buffers here live on the CPU
+    results = run(_rank_run_many, world_size, cases, small, warmup, timeout=timeout,
+                  backend="gloo")
     return [merge([ranks[i] for ranks in results]) for i in range(len(cases))]
 
 
@@ -485,7 +493,8 @@ def _case(world_size: int, collective: str, algorithm: str | None = None,
 
 def run_collective(collective: str, world_size: int, algorithm: str | None = None,
                    count: int | None = None, root: int = 0, op: object = "sum",
-                   small: int = SMALL, timeout: float = 60) -> Trace:
+                   small: int = SMALL, timeout: float = 60, warmup: bool = True
+                   ) -> Trace:
     """Run one collective for real on ``world_size`` ranks and return its trace.
 
     Rank ``r`` starts with ``encode(r, i)`` at element ``i`` (int64), and
@@ -494,4 +503,42 @@ def run_collective(collective: str, world_size: int, algorithm: str | None = Non
     per rank; ``algorithm`` to the first in the collective's table.
     """
     return run_collectives(world_size, [(collective, algorithm, count, root, op)],
-                           small, timeout)[0]
+                           small, timeout, warmup)[0]
+
+
+# -- tracing any rank function -------------------------------------------------------
+
+def traced(fn: Callable, small: int = SMALL) -> Callable:
+    """``fn`` run inside :func:`record`: returns ``(fn's result, RankTrace)``.
+
+    ``colltutor.run(trace.traced(fn), 4)`` then ``trace.collect(results)`` gives the
+    results and the merged trace: what ``run(..., trace=True)`` does.
+    """
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with record(small) as t:
+            result = fn(*args, **kwargs)
+        return result, t
+
+    return run
+
+
+def collect(results: Sequence[tuple[object, RankTrace]]) -> tuple[list, Trace]:
+    """Split the per-rank results of a :func:`traced` function: ``(results,
+    merged trace)``."""
+    return [r for r, _ in results], merge([t for _, t in results])
+
+
+class _Module(types.ModuleType):
+    """Lets the module itself be called: ``with colltutor.trace() as t:`` is
+    ``with colltutor.trace.record() as t:``, while ``colltutor.trace.merge`` and the
+    rest stay where they are."""
+
+    def __call__(self, small: int = SMALL) -> contextlib.AbstractContextManager:
+        return record(small)
+
+    def __reduce__(self):  # pickled by name, like any module (cloudpickle needs it)
+        return importlib.import_module, (self.__name__,)
+
+
+sys.modules[__name__].__class__ = _Module

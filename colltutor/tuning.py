@@ -31,9 +31,11 @@ DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
 }
 
 
-def choose(collective: str, nbytes: int, size: int) -> str:
-    """The default algorithm for ``collective`` on ``size`` ranks and ``nbytes``."""
+def choose(collective: str, nbytes: int | None, size: int) -> str:
+    """The default algorithm for ``collective`` on ``size`` ranks and ``nbytes``.
+
+    ``nbytes=None`` (sizes that differ between ranks) takes the last row."""
     for max_bytes, name in DEFAULTS[collective]:
-        if max_bytes is None or nbytes <= max_bytes:
+        if max_bytes is None or (nbytes is not None and nbytes <= max_bytes):
             return name
     raise LookupError(f"no default for {collective} at {nbytes} bytes")

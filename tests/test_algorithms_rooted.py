@@ -21,6 +21,7 @@ relative error below (p - 1) u, u = eps / 2, so two orders differ by less than
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -44,6 +45,12 @@ INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
 COMBOS = [(d, op) for d in DTYPES
           for op in (FLOAT_OPS if d.is_floating_point else INT_OPS)]
 """Every (dtype, op) pair that torch admits: 3 x 5 + 3 x 7 = 36."""
+BROADCASTS = {
+    **broadcast.ALGORITHMS,
+    # the default cuts short buffers into 1 segment: force short, uneven segments
+    "pipelined_ring(segments=3)": functools.partial(broadcast.pipelined_ring,
+                                                    segments=3),
+}
 
 
 def counts(p: int) -> list[int]:
@@ -109,7 +116,7 @@ class Sweep:
     def broadcast(self, name: str, root: int, n: int, dtype: torch.dtype) -> None:
         buf = data(n, dtype, None, self.seed(name, root, n, dtype))
         native = buf.clone()
-        broadcast.ALGORITHMS[name](self.comm, buf, root)
+        BROADCASTS[name](self.comm, buf, root)
         dist.broadcast(native, src=root)
         self.check(same(buf, native), f"broadcast.{name} root={root} n={n} {dtype}")
 
@@ -188,7 +195,7 @@ def ops_name(op: object) -> str:
 def sweep(p: int, folder: str) -> tuple[int, list[str]]:
     """The whole matrix on one rank (every rank runs the same loops in order)."""
     s = Sweep(p)
-    for name, root, n in itertools.product(broadcast.ALGORITHMS, range(p), counts(p)):
+    for name, root, n in itertools.product(BROADCASTS, range(p), counts(p)):
         for dtype in pick(DTYPES, p, root, n):
             s.broadcast(name, root, n, dtype)
     for name, root, n in itertools.product(reduce.ALGORITHMS, range(p), counts(p)):

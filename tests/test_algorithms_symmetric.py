@@ -1,11 +1,13 @@
 """The symmetric collectives against torch.distributed itself.
 
 Every algorithm of all_gather, reduce_scatter, all_reduce and all_to_all runs for
-world sizes 1..8 x element counts {0, 1, p-1, p+1, 1000, 65537} x (dtype, op)
-pairs, inside ONE ``colltutor.run`` per world size, and is compared with the native
-gloo collective run on the same data in the same process group.  While colltutor's
-algorithms run, every torch.distributed collective is replaced by one that raises:
-the algorithms are built from point-to-point messages only.
+world sizes 1..8 x element counts {0, 1, p-1, p+1, 1000, 65537} x dtypes and ops
+(every dtype and every (dtype, op) pair at p+1 elements, where blocks are uneven; a
+few elsewhere, to keep the file fast), inside ONE ``colltutor.run`` per world size,
+and is compared with the native gloo collective run on the same data in the same
+process group.  All-to-all runs with even and uneven (zeros included) split sizes.
+While colltutor's algorithms run, every torch.distributed collective is replaced by
+one that raises: the algorithms are built from point-to-point messages only.
 
 Exactness.  Integers must match bit for bit.  Floats are checked two ways:
 
@@ -28,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import all_gather, all_reduce, all_to_all, ops, p2p, reduce_scatter
+from colltutor import ops, p2p
+from colltutor.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from colltutor.p2p import Comm, block_sizes, blocks
 
 R = dist.ReduceOp
@@ -49,8 +52,9 @@ REDUCTIONS = [
 ]
 LARGE = 65537
 REDUCTIONS_TINY = [(F32, R.AVG, "exact"), (F64, R.SUM, "random"),
-                   (BF16, R.MAX, "exact"), (I32, R.PRODUCT, "small"),
-                   (I64, R.BAND, "random"), (U8, R.SUM, "random")]
+                   (I64, R.BAND, "random")]
+REDUCTIONS_MID = [(BF16, R.MAX, "exact"), (I32, R.PRODUCT, "small"),
+                  (U8, R.SUM, "random")]
 REDUCTIONS_LARGE = [(F32, R.SUM, "random"), (BF16, R.AVG, "exact"),
                     (I64, R.BXOR, "random")]
 NATIVE = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
@@ -62,11 +66,18 @@ def counts(p: int) -> list[int]:
     return sorted({0, 1, p - 1, p + 1, 1000, LARGE})
 
 
+def dtypes(n: int, p: int) -> tuple[torch.dtype, ...]:
+    """Every dtype at p+1 elements (uneven blocks), two elsewhere."""
+    return DTYPES if n == p + 1 else (BF16, I64) if n % 2 else (F32, U8)
+
+
 def reductions(n: int, p: int) -> list[tuple]:
-    """Every (dtype, op) pair at p+1 and 1000 elements, one per dtype below."""
+    """Every (dtype, op) pair at p+1 elements (uneven blocks), fewer elsewhere."""
     if n == LARGE:
         return REDUCTIONS_LARGE
-    return REDUCTIONS if n in (p + 1, 1000) else REDUCTIONS_TINY
+    if n == 1000:
+        return REDUCTIONS_TINY + REDUCTIONS_MID + REDUCTIONS_LARGE
+    return REDUCTIONS if n == p + 1 else REDUCTIONS_TINY
 
 
 def make_data(n: int, dtype: torch.dtype, kind: str, op: object, seed: int
@@ -159,7 +170,7 @@ def check_reductions(comm: Comm, failures: list[str]) -> int:
 def check_all_gather(comm: Comm, failures: list[str]) -> int:
     p, rank, cases = comm.size, comm.rank, 0
     for n in counts(p):
-        for dtype in DTYPES if n < LARGE else (BF16, I64):
+        for dtype in dtypes(n, p):
             x = make_data(n, dtype, "random", R.SUM, seed=n + rank)
             want = native_all_gather(x, p, rank)
             for name, fn in all_gather.ALGORITHMS.items():
@@ -188,7 +199,7 @@ def check_all_to_all(comm: Comm, failures: list[str]) -> int:
             sizes = split_sizes(n // p if n == LARGE else n, p, uneven)
             sent = sizes[rank]
             received = [sizes[s][rank] for s in range(p)]
-            for dtype in DTYPES if n < LARGE else (F32, U8):
+            for dtype in dtypes(n, p):
                 x = make_data(sum(sent), dtype, "random", R.SUM, seed=n + rank)
                 want = x.new_empty(sum(received))
                 dist.all_to_all_single(want, x, received, sent)

@@ -26,6 +26,14 @@ R = dist.ReduceOp
 P = 4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _checks_on():
+    """These tests are about the checks: on, whatever the environment says."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLLTUTOR_CHECKS", "1")
+        yield
+
+
 def _outcome(fn) -> tuple[str, str]:
     try:
         fn()
@@ -246,6 +254,14 @@ def test_environment_switch(monkeypatch, value: str | None, expected: bool) -> N
     else:
         monkeypatch.setenv("COLLTUTOR_CHECKS", value)
     assert checks.from_environment() is expected
+
+
+def test_set_checks_in_the_caller_reaches_the_ranks(monkeypatch) -> None:
+    monkeypatch.setenv("COLLTUTOR_CHECKS", "1")  # restored after the test
+    checks.set_checks(False)
+    assert colltutor.run(checks.enabled, 2, timeout=30) == [False, False]
+    checks.set_checks(True)
+    assert colltutor.run(checks.enabled, 2, timeout=30) == [True, True]
 
 
 def _without_native_collectives() -> list:

@@ -17,6 +17,8 @@ import torch.distributed as dist
 import colltutor
 from colltutor.selftest import NATIVE, R, _rank_main, plan
 
+OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
+
 
 @pytest.mark.parametrize("p", range(1, 9))
 def test_matrix_matches_torch_distributed(p: int) -> None:
@@ -60,7 +62,7 @@ def test_signatures_match_torch_distributed() -> None:
 
 def _unsupported() -> list[str]:
     messages = []
-    for dtype, op in itertools.product((torch.float32, torch.int64), R.__members__):
+    for dtype, op in itertools.product((torch.float32, torch.int64), OP_NAMES):
         t = torch.ones(3, dtype=dtype)
         try:
             colltutor.all_reduce(t, op=getattr(R, op))

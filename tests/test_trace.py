@@ -26,7 +26,7 @@ def traces() -> dict[tuple[str, str], trace.Trace]:
              ("all_to_all", "pairwise", COUNT, 0, "sum"),
              # 512 KiB: the pipelined broadcast cuts it into 4 segments on 4 ranks
              ("broadcast", "pipelined_ring", 1 << 16, 0, "sum")]
-    runs = trace.run_collectives(P, cases)
+    runs = trace.run_collectives(P, cases, warmup=False)
     return {(c[0], c[1]): t for c, t in zip(cases, runs, strict=True)}
 
 
@@ -160,6 +160,7 @@ def _recorded_by_hand():
     """Rank function: the API inside record(), a raw ring step, and no recorder."""
     import torch
 
+    from colltutor import api
     from colltutor.p2p import Comm
 
     plain = Comm()
@@ -170,22 +171,39 @@ def _recorded_by_hand():
         comm = Comm()
         right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
         comm.sendrecv(buf[:4], right, buf[4:], left)
-        api = getattr(colltutor, "all_reduce", None)
-        if api is not None:
-            api(buf, algorithm="ring")
+        api.all_reduce(buf, algorithm="ring")  # the public API, traced the same way
     plain.sendrecv(buf[:1].clone(), right, buf[:1].clone(), left)  # not recorded
     return t
 
 
 def test_record_inside_a_rank_function():
-    traces = colltutor.run(_recorded_by_hand, 2)
+    traces = colltutor.run(_recorded_by_hand, 2, backend="gloo")
     t = trace.merge(traces)
     first = t.in_round(0)
     assert [(m.src, m.dst, m.src_chunk, m.dst_chunk) for m in first] == [
         (0, 1, ("buf", 0, 4), ("buf", 4, 8)), (1, 0, ("buf", 0, 4), ("buf", 4, 8))]
     assert first[0].dtype == "float32" and first[0].nbytes == 16
     assert t.ranks[1].initial["buf"] == [float(10 + i) for i in range(8)]
-    if hasattr(colltutor, "all_reduce"):
-        assert t.rounds == 1 + 2 * (2 - 1)
-    else:
-        assert t.rounds == 1
+    assert t.rounds == 1 + 2 * (2 - 1)
+    assert [m.phase for m in t.in_round(2)] == ["all_reduce.ring/all_gather.ring"] * 2
+    # after the raw step: [0..3, 10..13] and [10..13, 0..3]; then their sum
+    assert [r.final["buf"] for r in t.ranks] == [[10.0, 12.0, 14.0, 16.0] * 2] * 2
+
+
+def _api_under_trace(n: int):
+    import torch
+
+    from colltutor import api
+
+    buf = torch.ones(n)
+    api.all_reduce(buf, algorithm="recursive_doubling")
+    return buf.sum().item()
+
+
+def test_the_module_is_the_context_manager_and_traced_runs():
+    assert isinstance(trace(), type(trace.record()))
+    results, t = trace.collect(colltutor.run(trace.traced(_api_under_trace), 3, 6,
+                                                   backend="gloo"))
+    assert results == [18.0] * 3
+    assert t.counts()["total_messages"] == 1 + 2 + 1  # fold in, one swap, fold out
+    assert t.rounds == 3

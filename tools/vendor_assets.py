@@ -10,8 +10,8 @@ myst-nb's ``nb_ipywidgets_js`` and Sphinx's ``mathjax_path`` at it.
 The folder is deliberately *not* called ``_static``: Jupyter Book 1 adds every
 ``.js`` and ``.css`` file under a ``_static`` folder to every page.
 
-Usage: ``python tools/vendor_assets.py`` (does nothing when the pinned versions are there;
-``--force`` downloads again).
+Usage: ``python tools/vendor_assets.py`` (does nothing when the pinned versions are
+there; ``--force`` downloads again).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ VENDOR = ROOT / "book" / "vendor"
 # npm package -> (version, files to keep: tarball path prefix -> vendor folder)
 PACKAGES = {
     "requirejs": ("2.3.8", {"package/require.js": "require.js"}),
-    "@jupyter-widgets/html-manager": ("1.0.15", {"package/dist/": "html-manager/"}),
+    # Kept at its npm path: the widgets' CSS loads its fonts from
+    # <data-jupyter-widgets-cdn>@jupyter-widgets/html-manager/dist/.
+    "@jupyter-widgets/html-manager": (
+        "1.0.15", {"package/dist/": "npm/@jupyter-widgets/html-manager/dist/"}),
     "mathjax": ("3.2.2", {"package/es5/": "mathjax/"}),
 }
 SKIP_SUFFIXES = (".map",)
@@ -50,7 +53,7 @@ def wanted(member: str, mapping: dict[str, str]) -> str | None:
 
 def vendor(force: bool = False) -> None:
     stamp = VENDOR / "versions.json"
-    pins = {name: version for name, (version, _) in PACKAGES.items()}
+    pins = {name: [version, mapping] for name, (version, mapping) in PACKAGES.items()}
     if not force and stamp.exists() and json.loads(stamp.read_text()) == pins:
         print(f"{VENDOR.relative_to(ROOT)} is up to date")
         return

@@ -39,33 +39,41 @@ def public_modules() -> list[str]:
     package = importlib.import_module("colltutor")
     names = ["colltutor"]
     for info in pkgutil.walk_packages(package.__path__, prefix="colltutor."):
-        parts = info.name.split(".")
-        if any(part.startswith("_") for part in parts):
-            continue
-        names.append(info.name)
+        if not _private(info.name):
+            names.append(info.name)
     return names
 
 
-def reexported(module_name: str) -> list[str]:
-    """Names defined in ``module_name`` that ``colltutor`` itself exports."""
-    if module_name == "colltutor":
-        return []
+def package_section() -> str:
+    """``colltutor`` itself: its docstring, and where each exported name lives.
+
+    Exported names are documented once, in the module that defines them, so that
+    a docstring's short references (``:func:`run``` in ``colltutor.runtime``)
+    resolve there; this table points to them.
+    """
     package = importlib.import_module("colltutor")
-    module = importlib.import_module(module_name)
-    return sorted(
-        name for name in getattr(package, "__all__", [])
-        if getattr(module, name, None) is not None
-        and getattr(module, name) is getattr(package, name)
-    )
+    lines = ["### `colltutor`", "", "```{eval-rst}", ".. automodule:: colltutor",
+             "```", "", "| name | documented in |", "|---|---|"]
+    for name in getattr(package, "__all__", []):
+        home = getattr(getattr(package, name), "__module__", "") or ""
+        if home.startswith("colltutor.") and not _private(home):
+            lines.append(f"| `colltutor.{name}` | {{py:mod}}`{home}` |")
+        else:
+            lines.append(f"| `colltutor.{name}` | `{home or 'colltutor'}` |")
+    return "\n".join(lines) + "\n"
+
+
+def _private(module_name: str) -> bool:
+    return any(part.startswith("_") for part in module_name.split("."))
 
 
 def module_section(module_name: str) -> str:
-    lines = [f"### `{module_name}`", "", f"```{{automodule}} {module_name}",
-             ":members:"]
-    excluded = reexported(module_name)
-    if excluded:
-        lines.append(f":exclude-members: {', '.join(excluded)}")
-    lines += ["```", ""]
+    if module_name == "colltutor":
+        return package_section()
+    # autodoc writes reStructuredText, so its directive must run inside eval-rst.
+    lines = [f"### `{module_name}`", "", "```{eval-rst}",
+             f".. automodule:: {module_name}", "   :members:", "   :undoc-members:",
+             "```", ""]
     return "\n".join(lines)
 
 
@@ -93,7 +101,6 @@ def generate() -> str:
 
 
 def on_source_read(app: Any, docname: str, source: list[str]) -> None:
-    print("SOURCE-READ", docname, MARKER in source[0])
     if docname == API_DOC and MARKER in source[0]:
         source[0] = source[0].replace(MARKER, generate())
 
@@ -103,7 +110,32 @@ def always_reread(app: Any, env: Any, added: set, changed: set, removed: set
     return [API_DOC] if API_DOC in env.found_docs else []
 
 
+def resolve_short_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
+    """Resolve ``ops.finish`` or ``Comm`` in a docstring to the one colltutor object
+    whose full name ends that way (``colltutor.ops.finish``), if there is exactly one.
+    """
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip("~.")
+    domain = env.get_domain("py")
+    head, _, rest = target.partition(".")
+    package = importlib.import_module("colltutor")
+    if head == "colltutor" and rest.split(".")[0] in getattr(package, "__all__", []):
+        # colltutor.run -> colltutor.runtime.run, where it is documented
+        home = getattr(getattr(package, rest.split(".")[0]), "__module__", "")
+        target = f"{home}.{rest}"
+    matches = [name for name in domain.objects
+               if name == target or (name.startswith("colltutor.")
+                                     and name.endswith("." + target))]
+    if len(matches) != 1:
+        return None
+    node["reftarget"] = matches[0]
+    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                               matches[0], node, contnode)
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", on_source_read)
+    app.connect("missing-reference", resolve_short_name)
     app.connect("env-get-outdated", always_reread)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -6,7 +6,7 @@ mapping names to them.  Later collectives are built from earlier ones: ring
 all-reduce *is* ring reduce-scatter followed by ring all-gather.
 """
 
-from colltutor import (  # TEMPORARY until the move
+from colltutor.collectives import (
     all_gather,
     all_reduce,
     all_to_all,

@@ -27,7 +27,8 @@ def worker(rank: int, world_size: int, port: int, path: str) -> None:
         "env://": dict(init_method="env://"),
         # tcp://host:port: rank 0 listens there and every rank connects to it.
         "tcp://": dict(init_method=f"tcp://127.0.0.1:{port + 1}"),
-        # file://: a file every rank can see (a shared file system) is the meeting point.
+        # file://: a file that every rank can see (a shared file system) is where
+        # they meet.
         "file://": dict(init_method=f"file://{path}"),
     }
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

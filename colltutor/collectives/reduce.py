@@ -17,9 +17,8 @@ from collections.abc import Callable
 import torch
 
 from colltutor import ops
+from colltutor.collectives import gather, reduce_scatter
 from colltutor.p2p import Comm, algorithm
-
-from . import gather, reduce_scatter
 
 
 @algorithm

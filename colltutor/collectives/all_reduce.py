@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 import torch
 
-from colltutor import all_gather, broadcast, fold, ops, reduce, reduce_scatter
+from colltutor import ops
+from colltutor.collectives import all_gather, broadcast, fold, reduce, reduce_scatter
+from colltutor.collectives.reduce_scatter import reduce_step, segment_slots
 from colltutor.p2p import Comm, algorithm
-from colltutor.reduce_scatter import reduce_step, segment_slots
 
 
 @algorithm

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from colltutor import all_gather
+from colltutor.collectives import all_gather
 from colltutor.p2p import Comm, algorithm
 
 Blocks = list[torch.Tensor]
@@ -66,10 +66,11 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
     (d = 2^k) every position with bit k set moves to rank r+d in one packed message;
     after the last step position i on rank r holds rank r-i's block for r.  Blocks
     may differ in size, so first every rank learns all p x p sizes with a Bruck
-    all-gather of one int64 each.  Steps: 2 ceil(lg p); each rank sends about
-    (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the size exchange
-    and local packing).  Extra memory: the packed message sent, the one received,
-    and blocks halfway through their journey: about 1.5 n.  Chapter 7, All-to-All.
+    all-gather of each rank's p sizes (int64).  Steps: 2 ceil(lg p); each rank
+    sends about (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the
+    size exchange and local packing).  Extra memory: the packed message sent, the
+    one received, and blocks halfway through their journey: about 1.5 n.
+    Chapter 7, All-to-All.
     """
     p, rank = comm.size, comm.rank
     # 1. sizes[s][t]: how many elements rank s sends rank t

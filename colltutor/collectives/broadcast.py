@@ -18,9 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from colltutor.collectives import all_gather, scatter
 from colltutor.p2p import Comm, algorithm, blocks
-
-from . import all_gather, scatter
 
 BREAK_EVEN_BYTES = 64 * 1024
 """``alpha / beta``: the message size whose transfer costs as much as its latency.
@@ -32,10 +31,11 @@ def default_segments(nbytes: int, p: int) -> int:
 
     The pipelined chain costs ``(p + k - 2)(alpha + (n/k) beta)``, smallest at
     ``k = sqrt((p - 2) n beta / alpha)`` (REFERENCE.md).  With ``alpha / beta =``
-    :data:`BREAK_EVEN_BYTES` that is 1 segment up to 64 KiB and, on 8 ranks, about
-    10 segments of 100 KiB for 1 MiB and 80 segments of 800 KiB for 64 MiB.
+    :data:`BREAK_EVEN_BYTES` that is, on 8 ranks, 1 segment below 24 KiB, 10
+    segments of 100 KiB for 1 MiB and 78 segments of 840 KiB for 64 MiB.  Two
+    ranks have one link and nothing to overlap: 1 segment.
     """
-    return max(1, round(math.sqrt(max(p - 2, 1) * nbytes / BREAK_EVEN_BYTES)))
+    return max(1, round(math.sqrt(max(p - 2, 0) * nbytes / BREAK_EVEN_BYTES)))
 
 
 @algorithm

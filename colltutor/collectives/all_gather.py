@@ -15,7 +15,7 @@ from itertools import accumulate
 
 import torch
 
-from colltutor import fold
+from colltutor.collectives import fold
 from colltutor.p2p import Comm, algorithm, block_sizes, blocks
 
 

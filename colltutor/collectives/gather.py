@@ -14,9 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from colltutor.collectives.scatter import relative_span
 from colltutor.p2p import Comm, algorithm, blocks
-
-from .scatter import relative_span
 
 
 @algorithm

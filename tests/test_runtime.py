@@ -1,0 +1,320 @@
+"""colltutor.run: functions by value, output, failures, hangs, interrupts, leftovers.
+
+Every test also checks (autouse fixture) that nothing of a run outlives it: the fork
+server has no child left (no rank, no zombie) and is still single-threaded (safe to
+fork), the caller listens on no new port and /dev/shm holds no orphaned segment.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor import runtime
+from colltutor.p2p import Comm, algorithm
+
+
+def _listening_ports() -> set[tuple[str, int]]:
+    connections = psutil.Process().net_connections(kind="inet")
+    return {tuple(c.laddr) for c in connections if c.status == psutil.CONN_LISTEN}
+
+
+def _orphaned_shm(before: set[str]) -> set[str]:
+    """New /dev/shm entries that no live process holds open or mapped."""
+    new = set(os.listdir("/dev/shm")) - before
+    for pid in psutil.pids():
+        if not new:
+            break
+        try:
+            held = {f.path for f in psutil.Process(pid).open_files()}
+            held |= {m.path for m in psutil.Process(pid).memory_maps()}
+        except (psutil.Error, OSError):
+            continue
+        new -= {os.path.basename(p) for p in held if p.startswith("/dev/shm/")}
+    return new
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    shm, ports = set(os.listdir("/dev/shm")), _listening_ports()
+    yield
+    if runtime._fork_server is not None:
+        server = psutil.Process(runtime._fork_server.proc.pid)
+        assert server.children() == []
+        assert server.num_threads() == 1
+    assert _listening_ports() <= ports
+    assert _orphaned_shm(shm) == set()
+
+
+def test_closures_lambdas_and_results_in_rank_order():
+    offset = torch.tensor([100.0])
+
+    def closure(scale: float):
+        t = torch.ones(2) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        return colltutor.rank(), colltutor.world_size(), (t * scale + offset).tolist()
+
+    assert colltutor.run(closure, 3, 2.0) == [(r, 3, [112.0, 112.0]) for r in range(3)]
+    add = lambda x, y=0: 10 * x + dist.get_rank() + y  # noqa: E731
+    assert colltutor.run(add, 2, 4, y=1, timeout=None) == [41, 42]
+    big = colltutor.run(lambda: torch.full((1 << 21,), float(dist.get_rank())), 2)
+    assert [t.sum().item() for t in big] == [0.0, float(1 << 21)]
+
+
+def test_launch_outside_torchrun_is_run():
+    assert runtime.launch(lambda: dist.get_rank() * 2, world_size=3) == [0, 2, 4]
+
+
+def test_output_is_printed_after_the_run_in_rank_order(capsys):
+    def chatty():
+        rank = dist.get_rank()
+        time.sleep(0.05 * (2 - rank))  # the last rank prints first
+        print(f"hello from {rank}")
+        print(f"stderr {rank}", file=sys.stderr)
+        os.write(1, f"raw {rank}\n".encode())  # below Python, like C++ output
+        print("no newline at the end", end="")
+
+    colltutor.run(chatty, 3)
+    assert capsys.readouterr().out.splitlines() == [
+        line for r in range(3) for line in (
+            f"[rank {r}] hello from {r}", f"[rank {r}] stderr {r}",
+            f"[rank {r}] raw {r}", f"[rank {r}] no newline at the end")
+    ]
+
+
+class _Watcher(io.StringIO):
+    """A stand-in for sys.stdout that acts when it sees a given line."""
+
+    def __init__(self, line: str, action) -> None:
+        super().__init__()
+        self.line, self.action = line, action
+
+    def write(self, text: str) -> int:
+        if self.line in text:
+            self.action()
+        return super().write(text)
+
+
+def _wait_for(path: str) -> str:
+    print("waiting", flush=True)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return "done"
+
+
+def test_stream_prints_each_line_while_the_ranks_run(tmp_path, monkeypatch):
+    # The ranks finish only once the caller has printed one of their lines.
+    flag = tmp_path / "seen"
+    out = _Watcher("[rank 1] waiting", flag.touch)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert colltutor.run(_wait_for, 2, str(flag), stream=True, timeout=60) == [
+        "done", "done"]
+    lines = sorted(out.getvalue().splitlines())
+    assert lines == ["[rank 0] waiting", "[rank 1] waiting"]
+
+
+def test_an_exception_stops_every_rank_at_once(capsys):
+    def fails_on_one():
+        print("about to fail")
+        if dist.get_rank() == 1:
+            raise ValueError("rank one is broken")
+        dist.recv(torch.zeros(1), src=1)  # never completes: only a stop ends it
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(fails_on_one, 3, timeout=120)  # a timeout would be the bug
+    assert list(info.value.failures) == [1]
+    text = str(info.value)
+    assert text.startswith("rank 1 of 3 failed: ValueError: rank one is broken")
+    assert "Traceback" in text and "in fails_on_one" in text and "_rank.py" not in text
+    assert "[rank 0] about to fail" in capsys.readouterr().out
+
+
+def test_a_failure_on_several_ranks_names_them_all():
+    def everyone_fails():
+        raise KeyError(f"key {dist.get_rank()}")
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(everyone_fails, 2)
+    assert list(info.value.failures) == [0, 1]
+    assert "ranks 0, 1 of 2 failed" in str(info.value)
+
+
+def test_a_result_that_cannot_travel_is_an_error():
+    with pytest.raises(colltutor.RankError, match="cannot pickle"):
+        colltutor.run(threading.Lock, 1)
+
+
+@pytest.mark.parametrize("how, expected", [
+    ("exit", "ended without a result (exit code 3)"),
+    ("kill", "ended without a result (killed by signal SIGKILL)"),
+])
+def test_a_rank_that_dies_mid_collective_fails_the_run_at_once(how, expected):
+    def dies():
+        t = torch.ones(1000)
+        if dist.get_rank() == 1:
+            if how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(t)
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(dies, 3, timeout=120)
+    assert list(info.value.failures) == [1]
+    assert expected in str(info.value)
+
+
+@algorithm
+def waits_for_left(comm: Comm, buf: torch.Tensor) -> None:
+    comm.recv(buf, (comm.rank + 1) % comm.size)
+
+
+def test_a_hang_times_out_naming_the_ranks_and_what_they_wait_for():
+    def hangs():
+        rank = dist.get_rank()
+        if rank == 0:
+            runtime.report_status("in phase A")
+            waits_for_left(Comm(), torch.zeros(4))
+        elif rank == 1:
+            time.sleep(600)
+
+    with pytest.raises(colltutor.RankTimeoutError) as info:
+        colltutor.run(hangs, 3, timeout=1)
+    assert info.value.pending == [0, 1]
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("timed out after 1 s: rank(s) 0, 1 of 3 did not finish")
+    assert lines[1:] == [
+        "  rank 0: blocked in recv from rank 1 (test_runtime.waits_for_left, step 1); "
+        "in phase A",
+        "  rank 1: not in a colltutor step (in user code or a torch.distributed call)",
+    ]
+
+
+def test_keyboard_interrupt_stops_every_rank(monkeypatch):
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(sys, "stdout", _Watcher("[rank 2] started", interrupt))
+    with pytest.raises(KeyboardInterrupt):
+        colltutor.run(lambda: print("started", flush=True) or time.sleep(600), 3,
+                      stream=True, timeout=600)
+    assert colltutor.run(lambda: "still works", 1) == ["still works"]
+
+
+def test_world_sizes_back_to_back_including_one_and_more_than_the_cores():
+    def sum_of_ranks():
+        t = torch.tensor([dist.get_rank()])
+        dist.all_reduce(t)
+        return dist.get_world_size(), t.item(), os.getpid()
+
+    pids = []
+    for size in (1, 6, 2, 6):
+        results = colltutor.run(sum_of_ranks, size)
+        assert [r[:2] for r in results] == [(size, size * (size - 1) // 2)] * size
+        pids += [r[2] for r in results]
+    assert len(set(pids)) == len(pids)  # every rank a fresh process, all gone now
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_the_store_listens_on_loopback_only_and_threads_are_shared():
+    def inspect(caller: int):
+        port = int(os.environ["MASTER_PORT"])
+        store = [c.laddr for c in psutil.Process(caller).net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        return store, torch.get_num_threads()
+
+    cores = len(os.sched_getaffinity(0))
+    results = colltutor.run(inspect, 2, os.getpid())
+    for store, threads in results:
+        assert [tuple(a) for a in store] == [("127.0.0.1", results[0][0][0].port)]
+        assert threads == max(1, cores // 2)
+
+
+def test_backend_auto_is_nccl_only_with_a_gpu_per_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert runtime._choose_backend("auto", 2) == "nccl"
+    assert runtime._choose_backend("auto", 3) == "gloo"
+    assert runtime._choose_backend("gloo", 1) == "gloo"
+
+
+SCRIPT = """\
+import time, psutil, colltutor
+from colltutor import runtime
+
+def sleeper():
+    print("started", flush=True)
+    time.sleep(600)
+
+# No `if __name__ == "__main__":` guard: ranks never re-run this file.
+try:
+    colltutor.run(sleeper, 3, stream=True, timeout=600)
+except KeyboardInterrupt:
+    server = psutil.Process(runtime._fork_server.proc.pid)
+    print("interrupted; ranks left:", len(server.children()))
+    ports = psutil.Process().net_connections("inet")
+    print("ports left:", len([c for c in ports if c.status == "LISTEN"]))
+    print("again:", colltutor.run(lambda: colltutor.rank(), 2), flush=True)
+    time.sleep(600)  # until interrupted again: exit with a live server and ranks
+    # (colltutor.runtime.shutdown runs at exit)
+"""
+
+
+def test_interrupting_a_script_leaves_no_process_behind(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert sorted(lines) == [f"[rank {r}] started\n" for r in range(3)]
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) == 4  # the fork server and its three ranks
+        proc.send_signal(signal.SIGINT)
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert lines == ["interrupted; ranks left: 0\n", "ports left: 0\n",
+                         "again: [0, 1]\n"]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in out
+        _, alive = psutil.wait_procs(family, timeout=10)
+        assert alive == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_report_status_outside_a_step():
+    runtime.report_status("hello")
+    try:
+        assert runtime.status_text() == "hello"
+    finally:
+        runtime.report_status(None)
+
+
+def test_ranks_die_with_the_fork_server(monkeypatch):
+    # Last in this file: the next run starts a new server (a second or two).
+    server = psutil.Process(runtime._fork_server.proc.pid)
+    family = []
+
+    def kill_the_server() -> None:
+        family.extend(server.children())
+        server.kill()
+
+    monkeypatch.setattr(sys, "stdout", _Watcher("[rank 1] started", kill_the_server))
+    with pytest.raises(RuntimeError, match="fork server exited unexpectedly"):
+        colltutor.run(lambda: print("started", flush=True) or time.sleep(600), 2,
+                      stream=True, timeout=600)
+    assert len(family) == 2
+    _, alive = psutil.wait_procs(family + [server], timeout=10)
+    assert alive == []
+    assert runtime._fork_server is None
