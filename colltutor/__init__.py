@@ -4,11 +4,13 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
+from colltutor import cost, trace
 from colltutor.api import (
     Work,
     algorithms,
     all_gather,
     all_gather_into_tensor,
+    all_gather_single,
     all_reduce,
     all_to_all,
     all_to_all_single,
@@ -20,6 +22,7 @@ from colltutor.api import (
     recv,
     reduce,
     reduce_scatter,
+    reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
     send,
@@ -30,9 +33,10 @@ from colltutor.p2p import PeerLostError
 from colltutor.runtime import RankError, RankTimeoutError, rank, run, world_size
 
 __all__ = [
-    "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
-    "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
-    "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
-    "broadcast", "gather", "irecv", "isend", "rank", "recv", "reduce", "reduce_scatter",
+    "cost", "trace", "MismatchError", "PeerArgumentError", "PeerLostError",
+    "RankError", "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
+    "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "gather", "irecv", "isend", "rank",
+    "recv", "reduce", "reduce_scatter", "reduce_scatter_single",
     "reduce_scatter_tensor", "run", "scatter", "send", "set_checks", "world_size",
 ]

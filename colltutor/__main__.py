@@ -12,6 +12,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("colltutor.demo",
              "run one collective on N ranks; print every rank's input and result"),
+    "selftest": ("colltutor.selftest",
+                 "compare every collective and algorithm with the native backend"),
 }
 """Command name -> (module with ``main(argv)``, one-line description)."""
 

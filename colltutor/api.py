@@ -470,3 +470,8 @@ def _check_sizes(big: torch.Tensor, small: torch.Tensor, size: int, big_name: st
         )
     if big.dtype != small.dtype:
         raise TypeError(f"{big_name} is {big.dtype} but {small_name} is {small.dtype}")
+
+
+# torch 2.13 renamed the two ``_tensor`` collectives; both spellings work, as in torch.
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor

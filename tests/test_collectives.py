@@ -52,7 +52,8 @@ def test_every_collective_has_its_algorithms() -> None:
 
 def test_signatures_match_torch_distributed() -> None:
 
-    for name in [*NATIVE, "send", "recv", "isend", "irecv"]:
+    for name in [*NATIVE, "send", "recv", "isend", "irecv", "all_gather_single",
+                 "reduce_scatter_single"]:
         ours = inspect.signature(getattr(colltutor, name)).parameters
         theirs = inspect.signature(getattr(dist, name)).parameters
         assert list(ours)[: len(theirs)] == list(theirs), name

@@ -41,7 +41,8 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor) -> None:
     """Swap ever larger halves with partner ``rank ^ mask``: 1, 2, 4, ... blocks.
 
     Power-of-two p: lg p steps; each rank sends (p-1)/p n.
-    Cost: lg p alpha + ((p-1)/p) n beta.  Other p: MPICH's fold (:mod:`colltutor.fold`):
+    Cost: lg p alpha + ((p-1)/p) n beta.  Other p: MPICH's fold
+    (:mod:`colltutor.collectives.fold`):
     the first 2(p-p') ranks pair up, each even rank gives its block to rank+1 first
     and gets the whole result back at the end (+2 alpha + about n beta).
     Chapter 5, All-Gather and Reduce-Scatter.

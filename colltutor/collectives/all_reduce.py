@@ -74,7 +74,8 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor, op: object) -> None:
     After the step with ``mask`` a rank holds the reduction over its aligned group of
     2 mask ranks.  Power-of-two p: lg p steps; each rank sends and reduces lg p n.
     Cost: lg p (alpha + n beta + n gamma).  Other p: MPICH's fold
-    (:mod:`colltutor.fold`): +2 alpha + 2 n beta + n gamma.  Chapter 6, All-Reduce.
+    (:mod:`colltutor.collectives.fold`): +2 alpha + 2 n beta + n gamma.
+    Chapter 6, All-Reduce.
     """
     p, rank = comm.size, comm.rank
     folded = rank < 2 * (p - fold.pof2(p))
@@ -106,7 +107,8 @@ def rabenseifner(comm: Comm, buf: torch.Tensor, op: object) -> None:
 
     The two halves meet at the collectives' contract: after the reduce-scatter rank r
     owns block r (finished), which is what the all-gather starts from.  Inside, both
-    use the same fold (:mod:`colltutor.fold`), where virtual rank v speaks for blocks
+    use the same fold (:mod:`colltutor.collectives.fold`), where virtual rank v
+    speaks for blocks
     ``first_block(v) .. first_block(v+1) - 1``; for p not a power of two the halving's
     fold-out hands block r to even rank r, and the doubling's fold-in hands it back
     (two extra messages of n/p, the price of composing instead of fusing).

@@ -104,7 +104,8 @@ def recursive_halving(comm: Comm, buf: torch.Tensor, op: object) -> None:
     range on its side of the partner, sends the other half and adds the partner's
     copy of the kept half.  Needs a commutative op (all of ours are).  Power-of-two
     p: lg p steps; each rank sends and reduces (p-1)/p n.  Cost: lg p alpha +
-    ((p-1)/p) n (beta + gamma).  Other p: MPICH's fold (:mod:`colltutor.fold`): each
+    ((p-1)/p) n (beta + gamma).  Other p: MPICH's fold
+    (:mod:`colltutor.collectives.fold`): each
     even rank of the first 2(p-p') hands its whole buffer to rank+1 and receives its
     finished block at the end (+2 alpha + (n + n/p) beta + n gamma).
     Chapter 5, All-Gather and Reduce-Scatter.
