@@ -30,13 +30,23 @@ from colltutor.api import (
 from colltutor.checks import MismatchError, PeerArgumentError, set_checks
 from colltutor.ops import ReduceOp
 from colltutor.p2p import PeerLostError
-from colltutor.runtime import RankError, RankTimeoutError, rank, run, world_size
+from colltutor.runtime import (
+    RankError,
+    RankTimeoutError,
+    init,
+    launch,
+    rank,
+    run,
+    shutdown,
+    world_size,
+)
 
 __all__ = [
-    "cost", "trace", "MismatchError", "PeerArgumentError", "PeerLostError",
-    "RankError", "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
+    "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
+    "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "gather", "irecv", "isend", "rank",
-    "recv", "reduce", "reduce_scatter", "reduce_scatter_single",
-    "reduce_scatter_tensor", "run", "scatter", "send", "set_checks", "world_size",
+    "all_to_all_single", "barrier", "broadcast", "cost", "gather", "init", "irecv",
+    "isend", "launch", "rank", "recv", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor", "run", "scatter", "send",
+    "set_checks", "shutdown", "trace", "world_size",
 ]
