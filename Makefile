@@ -15,16 +15,18 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-# Debian packages for the browser test (chromium) and the two-host test (iproute2);
+# Debian packages for the browser test (chromium), the two-host test (iproute2) and
+# the vendored JavaScript of the website (npm);
 # installed only when running as root, otherwise those tests skip and say why.
 system:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  if ! command -v chromium >/dev/null || ! command -v ip >/dev/null; then \
-	    apt-get update -qq && apt-get install -y -qq chromium iproute2 >/dev/null; \
+	  if ! command -v chromium >/dev/null || ! command -v ip >/dev/null \
+	      || ! command -v npm >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq chromium iproute2 npm >/dev/null; \
 	  fi; \
 	fi
 
-book: setup
+book: setup system
 	$(BIN)/python tools/vendor_assets.py
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
@@ -36,7 +38,8 @@ lint: setup
 
 test: setup system lint book
 	$(BIN)/pytest -q tests/
-	$(BIN)/pytest -q --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg \
+	$(BIN)/pytest -q --nbval notebooks/ --nbval-current-env \
+	  --nbval-sanitize-with notebooks/sanitize.cfg \
 	  --nbval-cell-timeout=120 -p no:cacheprovider
 
 clean:

@@ -33,6 +33,8 @@ from colltutor.p2p import PeerLostError
 from colltutor.runtime import (
     RankError,
     RankTimeoutError,
+    device,
+    environment,
     init,
     launch,
     rank,
@@ -45,8 +47,8 @@ __all__ = [
     "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
     "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "cost", "gather", "init", "irecv",
-    "isend", "launch", "rank", "recv", "reduce", "reduce_scatter",
-    "reduce_scatter_single", "reduce_scatter_tensor", "run", "scatter", "send",
-    "set_checks", "shutdown", "trace", "world_size",
+    "all_to_all_single", "barrier", "broadcast", "cost", "device", "environment",
+    "gather", "init", "irecv", "isend", "launch", "rank", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "run",
+    "scatter", "send", "set_checks", "shutdown", "trace", "world_size",
 ]

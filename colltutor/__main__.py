@@ -12,6 +12,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("colltutor.demo",
              "run one collective on N ranks; print every rank's input and result"),
+    "bench": ("colltutor.bench",
+              "time collectives nccl-tests style (busbw, #wrong); --fit the model"),
     "selftest": ("colltutor.selftest",
                  "compare every collective and algorithm with the native backend"),
 }

@@ -1,5 +1,7 @@
 """``python -m colltutor demo COLLECTIVE``: one collective, each rank's input, result.
 
+Examples::
+
     python -m colltutor demo all_reduce --algorithm ring --world-size 4
     torchrun --nproc-per-node 4 -m colltutor demo all_reduce --algorithm ring
     torchrun --nnodes 2 --node-rank K --master-addr HOST --nproc-per-node 2 \\

@@ -347,3 +347,15 @@ def model(collective: str, p: int, alpha: float, beta: float, gamma: float = 0.0
     ax.set_title(f"{collective} on {p} ranks: alpha-beta-gamma model"
                  + (" (dots: measured)" if measured else ""), fontsize=11)
     return fig
+
+
+def show(fig: Figure, dpi: int = 90) -> None:
+    """Display ``fig`` in a notebook as a PNG (figures here are made without pyplot,
+    so Jupyter would otherwise show only their text form)."""
+    import io
+
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    display(Image(buffer.getvalue()))

@@ -105,6 +105,40 @@ def world_size() -> int:
 # --- what a rank is doing: shown for each unfinished rank when a run times out ---
 
 
+def device():
+    """This rank's device: its own GPU under NCCL, the CPU under gloo.
+
+    Notebooks create tensors with ``device=colltutor.device()`` so that the same cell
+    runs on a laptop (gloo) and on a multi-GPU machine (NCCL) unchanged.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _where() -> str:
+    import torch
+    import torch.distributed as dist
+
+    gpu = torch.cuda.get_device_name() if dist.get_backend() == "nccl" else "no GPU"
+    return f"backend {dist.get_backend()}, device {device()} ({gpu})"
+
+
+def environment(world_size: int = 4) -> str:
+    """Versions, machine, and what ``world_size`` ranks run on: every notebook's first
+    output, so a reader knows whether it ran on gloo/CPU or NCCL/GPU."""
+    import platform
+
+    import torch
+
+    return (f"torch {torch.__version__}, Python {platform.python_version()}, "
+            f"{platform.machine()} {platform.system()}\n"
+            f"This notebook ran its ranks on: {run(_where, world_size)[0]}")
+
+
 class _Status:
     """This rank's last reported status and its point-to-point steps in flight."""
 

@@ -16,8 +16,13 @@ scatter, all-gather and reduce-scatter; everything a rank sends for all-to-all.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 KiB = 1024
 
+#: Collective -> rows ``(max_bytes, algorithm)``; the first row that fits wins.
 DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
     "broadcast": [(64 * KiB, "binomial_tree"), (None, "scatter_allgather")],
     "reduce": [(64 * KiB, "binomial_tree"), (None, "reduce_scatter_gather")],
@@ -29,6 +34,54 @@ DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
     "all_to_all": [(4 * KiB, "bruck"), (None, "pairwise")],
     "barrier": [(None, "dissemination")],
 }
+
+
+USER_TABLE = Path("~/.config/colltutor/tuning.json")
+"""Where ``bench --fit --write`` puts a re-fitted table; ``$COLLTUTOR_TUNING`` (a
+path) takes precedence.  Every rank reads the same file, so all choose alike."""
+
+Table = dict[str, list[tuple[int | None, str]]]
+
+
+def load(path: str | os.PathLike | None = None) -> Table:
+    """The rows of a user table (``{collective: [[max_bytes or null, name], ...]}``),
+    or ``{}`` when there is none."""
+    path = path or os.environ.get("COLLTUTOR_TUNING") or USER_TABLE.expanduser()
+    if not Path(path).is_file():
+        return {}
+    rows = json.loads(Path(path).read_text())
+    return {c: [(None if m is None else int(m), str(a)) for m, a in r]
+            for c, r in rows.items() if c in DEFAULTS and r and r[-1][0] is None}
+
+
+def save(table: Table, path: str | os.PathLike) -> None:
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    Path(path).expanduser().write_text(json.dumps(table, indent=1) + "\n")
+
+
+def derive(p: int, alpha: float, beta: float, gamma: float,
+           largest: int = 1 << 30) -> Table:
+    """:data:`DEFAULTS` as the alpha-beta-gamma model (:func:`colltutor.cost.best`)
+    would set them on ``p`` ranks: the best algorithm at every power of two up to
+    ``largest``, runs of the same winner merged into one row."""
+    from colltutor import cost
+
+    table: Table = {}
+    for collective in DEFAULTS:
+        rows: list[tuple[int | None, str]] = []
+        n = 1
+        while n <= largest:
+            name = cost.best(collective, p, n, alpha, beta, gamma)
+            if rows and rows[-1][1] == name:
+                rows[-1] = (n, name)
+            else:
+                rows.append((n, name))
+            n *= 2
+        table[collective] = [*rows[:-1], (None, rows[-1][1])]
+    return table
+
+
+DEFAULTS.update(load())
 
 
 def choose(collective: str, nbytes: int | None, size: int) -> str:

@@ -73,16 +73,17 @@ def test_every_nbval_exception_has_a_reason(path: Path) -> None:
             match = MARKER.search(line)
             if not match:
                 continue
-            reason = match.group(2).strip(" :-#")
-            # the reason may also be the comment line just below the marker
-            if not reason and n + 1 < len(lines) and lines[n + 1].lstrip().startswith(
-                    "#"):
-                reason = lines[n + 1].strip(" #")
-            if not reason:
+            if match.group(2).strip():
+                # nbval honours a marker only when it is the whole comment
+                missing.append(f"cell {i}: text after {match.group(1)} disables it")
+                continue
+            # the reason is the comment line just below the marker
+            below = lines[n + 1].strip() if n + 1 < len(lines) else ""
+            if not below.startswith("#") or not below.strip(" #"):
                 missing.append(f"cell {i}: {match.group(1)}")
         tags = [t for t in cell.get("metadata", {}).get("tags", []) if TAG.match(t)]
         if tags and not any(line.lstrip().startswith("#") for line in lines[:2]):
             missing.append(f"cell {i}: tag {tags[0]} (explain it in a first-line "
                            "comment)")
     assert not missing, ("say why next to each nbval marker, e.g. "
-                         "'# NBVAL_IGNORE_OUTPUT: timings vary': " + ", ".join(missing))
+                         "'# NBVAL_IGNORE_OUTPUT' then '# timings vary' below it: " + ", ".join(missing))

@@ -1,0 +1,64 @@
+"""``python -m colltutor bench``: it parses, runs a tiny sweep, checks results and
+writes its files.  Functional only: no timing is asserted (figures go to
+benchmarks/)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from colltutor import __main__ as cli
+from colltutor import bench, tuning
+
+
+def test_sizes_and_parsing() -> None:
+    assert bench.parse_size("1K") == 1024
+    assert bench.parse_size("64M") == 64 << 20
+    assert bench.parse_size("512") == 512
+    assert bench.parse_size("2KiB") == 2048
+    assert bench.sizes(1024, 8192, 2) == [1024, 2048, 4096, 8192]
+    args = bench.parser().parse_args(
+        ["-c", "all", "-a", "native", "-n", "4", "-b", "1K", "-e", "64M", "-f", "4",
+         "--iters", "3", "--warmup", "1", "--dtype", "float64", "--op", "max"])
+    assert (args.collective, args.algorithm, args.world_size) == ("all", "native", 4)
+    assert "bench" in cli.COMMANDS
+
+
+def test_unknown_algorithm_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        bench.resolve("all_reduce", "no_such_algorithm")
+    assert bench.resolve("all_reduce", "all")[-1] == "native"
+
+
+def test_tiny_sweep_is_right_and_writes_files(tmp_path, capsys) -> None:
+    out_csv, out_json, png = (tmp_path / "b.csv", tmp_path / "b.json",
+                              tmp_path / "b.png")
+    code = bench.main(["-c", "all", "-a", "all", "-n", "3", "-b", "40", "-e", "160",
+                       "-f", "4", "--iters", "1", "--warmup", "0", "--csv",
+                       str(out_csv), "--json", str(out_json), "--plot", str(png)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "busbw" in printed and "point-to-point" in printed
+    rows = json.loads(out_json.read_text())
+    assert {r["collective"] for r in rows} == set(bench.COLLECTIVES)
+    assert all(r["wrong"] == 0 for r in rows)
+    algos = {(r["collective"], r["algorithm"]) for r in rows}
+    assert ("all_reduce", "native") in algos and ("all_reduce", "ring") in algos
+    assert all(r["p"] == 3 for r in rows)
+    with open(out_csv) as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_derived_table_has_the_shape_of_defaults(tmp_path, monkeypatch) -> None:
+    table = tuning.derive(4, alpha=30e-6, beta=1 / 2e9, gamma=1 / 4e9)
+    assert set(table) == set(tuning.DEFAULTS)
+    for collective, rows in table.items():
+        assert rows[-1][0] is None
+        assert all(name in bench.resolve(collective, "all") for _, name in rows)
+    path = tmp_path / "tuning.json"
+    tuning.save({c: [list(r) for r in rows] for c, rows in table.items()}, path)
+    monkeypatch.setenv("COLLTUTOR_TUNING", str(path))
+    assert tuning.load() == table
