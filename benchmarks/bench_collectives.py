@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 
+import torch
 import torch.distributed as dist
 
 import colltutor
@@ -44,9 +45,9 @@ def _measure(plan: list[tuple[str, int]], rounds: int, p2p_bytes: int
     checks.set_checks(False)
     out: dict[str, object] = {"p2p": bench.p2p_bandwidth(p2p_bytes), "rows": []}
     for collective, nbytes in plan:
-        case = bench.Case(collective, nbytes, bench.torch.float32, dist.ReduceOp.SUM)
-        sides = {"native": lambda: case.call("native"),
-                 "colltutor": lambda: case.call("default")}
+        case = bench.Case(collective, nbytes, torch.float32, dist.ReduceOp.SUM)
+        sides = {"native": lambda c=case: c.call("native"),
+                 "colltutor": lambda c=case: c.call("default")}
         for call in sides.values():  # warm up; size the blocks
             call()
         once = _block(sides["colltutor"], 1)

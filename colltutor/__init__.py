@@ -4,7 +4,7 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
-from colltutor import cost, trace
+from colltutor import check, cost, trace
 from colltutor.api import (
     Work,
     algorithms,
@@ -47,8 +47,8 @@ __all__ = [
     "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
     "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "cost", "device", "environment",
-    "gather", "init", "irecv", "isend", "launch", "rank", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "run",
-    "scatter", "send", "set_checks", "shutdown", "trace", "world_size",
+    "all_to_all_single", "barrier", "broadcast", "check", "cost", "device",
+    "environment", "gather", "init", "irecv", "isend", "launch", "rank", "recv",
+    "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+    "run", "scatter", "send", "set_checks", "shutdown", "trace", "world_size",
 ]

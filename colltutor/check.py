@@ -495,10 +495,6 @@ def _hint(case: Case, p: int, got: torch.Tensor, want: torch.Tensor,
     return ""
 
 
-def _run_world(fn: Callable, collective: str, p: int, chosen: list[Case]):
-    return _rank_check(fn, collective, chosen)
-
-
 # -- the caller's side ---------------------------------------------------------------
 
 @dataclass
@@ -574,7 +570,7 @@ def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            results = runtime.run(_run_world, p, fn, collective, chosen,
+            results = runtime.run(_rank_check, p, fn, collective, chosen,
                                   backend="gloo", timeout=timeout)
     except runtime.RankTimeoutError as error:
         return _deadlock(error, chosen, out.getvalue()), []

@@ -299,12 +299,6 @@ def check_device(tensor: torch.Tensor, backend: str, what: str = "tensor") -> No
 # -- the agreement ----------------------------------------------------------------
 
 
-def _device(comm: Comm) -> torch.device:
-    if comm.batched:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _quiet(comm: Comm, tag: int, phase: str) -> Comm:
     """A Comm for the checks' own messages: traces do not see them (they are not
     the algorithm's), the runtime's hang report does."""
@@ -324,7 +318,7 @@ def _all_gather_rows(comm: Comm, row: list[int]) -> list[list[int]]:
     """
     p, me = comm.size, comm.rank
     quiet = _quiet(comm, _FINGERPRINT_TAG, "checks.agree")
-    held = torch.empty(p, len(row), dtype=torch.int64, device=_device(comm))
+    held = torch.empty(p, len(row), dtype=torch.int64, device=comm.device)
     held[0] = torch.tensor(row)
     distance = 1
     while distance < p:
@@ -438,7 +432,7 @@ def send(comm: Comm, peer: int, flat: torch.Tensor,
     if not enabled():
         return comm.post(sends=[(peer, flat)])
     check_device(flat, comm.backend)
-    header = _header(flat, flat.shape if shape is None else shape).to(_device(comm))
+    header = _header(flat, flat.shape if shape is None else shape).to(comm.device)
     first = _header_comm(comm).post(sends=[(peer, header)])
     return _Both(first, comm.post(sends=[(peer, flat)]))
 
@@ -468,7 +462,7 @@ def receive(comm: Comm, peer: int, flat: torch.Tensor):
     if not enabled():
         return comm.post(recvs=[(peer, flat)])
     check_device(flat, comm.backend)
-    header = torch.empty(_HEADER, dtype=torch.int64, device=_device(comm))
+    header = torch.empty(_HEADER, dtype=torch.int64, device=comm.device)
     posted = _header_comm(comm).post(recvs=[(peer, header)])
     key = (id(comm.group), peer, comm.tag)
     if key not in _receivers:

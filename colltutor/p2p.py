@@ -115,6 +115,9 @@ class Comm:
         self.backend = str(dist.get_backend(self.group)).lower()
         self.tag = tag
         self.global_ranks = dist.get_process_group_ranks(self.group)
+        # where this backend's messages live: the rank's own GPU for NCCL, else CPU
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.backend == "nccl" else torch.device("cpu"))
         self.phases: list[str] = []
         self.steps = 0
         self.observers = _observers.get()

@@ -19,9 +19,7 @@ from colltutor.p2p import Comm, algorithm
 
 def _token(comm: Comm) -> torch.Tensor:
     """A one-byte message on the device this backend moves (CUDA for NCCL)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if comm.batched \
-        else torch.device("cpu")
-    return torch.zeros(1, dtype=torch.uint8, device=device)
+    return torch.zeros(1, dtype=torch.uint8, device=comm.device)
 
 
 @algorithm

@@ -1,0 +1,152 @@
+"""colltutor.check: every reference solution passes, and each classic mistake is
+flagged with its own message (issue 8).  One check runs one colltutor.run per world
+size and stops at the first failing one, so a wrong solution costs little."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor import ops
+from colltutor.p2p import Comm, blocks
+from colltutor.solutions import EXERCISES
+
+QUICK = (1, 2, 3, 4)  # world sizes for the wrong solutions: enough to catch them
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.function)
+def test_every_reference_solution_passes(ex) -> None:
+    fn = getattr(importlib.import_module(f"colltutor.solutions.{ex.module}"),
+                 ex.function)
+    report = colltutor.check(fn, ex.collective, expect=ex.expect)
+    assert report.ok, report.message
+    assert report.message.startswith("PASSED") and "match torch.distributed" in repr(
+        report)
+
+
+# -- deliberately wrong all-gathers and all-reduces ---------------------------------
+
+def off_by_one_all_gather(comm: Comm, buf: torch.Tensor) -> None:
+    p, rank = comm.size, comm.rank
+    chunk = blocks(buf, p)
+    for step in range(p - 1):  # receives into block rank - step, not rank - step - 1
+        comm.sendrecv(chunk[(rank - step) % p], (rank + 1) % p,
+                      chunk[(rank - step) % p], (rank - 1) % p)
+
+
+def wrong_neighbour_all_gather(comm: Comm, buf: torch.Tensor) -> None:
+    p, rank = comm.size, comm.rank
+    chunk = blocks(buf, p)
+    for step in range(p - 1):  # sends left, and receives from the left too
+        comm.sendrecv(chunk[(rank - step) % p], (rank - 1) % p,
+                      chunk[(rank - step - 1) % p], (rank - 1) % p)
+
+
+def missing_last_step_all_gather(comm: Comm, buf: torch.Tensor) -> None:
+    p, rank = comm.size, comm.rank
+    chunk = blocks(buf, p)
+    for step in range(p - 2):  # one step short
+        comm.sendrecv(chunk[(rank - step) % p], (rank + 1) % p,
+                      chunk[(rank - step - 1) % p], (rank - 1) % p)
+
+
+def naive_ring_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    p, rank = comm.size, comm.rank
+    passing, incoming = buf.clone(), torch.empty_like(buf)
+    for _ in range(p - 1):  # the whole buffer goes round: right values, p/2 x bytes
+        comm.sendrecv(passing, (rank + 1) % p, incoming, (rank - 1) % p)
+        ops.combine(op, buf, incoming)
+        passing, incoming = incoming, passing
+    ops.finish(op, buf, p)
+
+
+def own_data_twice_reduce(comm: Comm, buf: torch.Tensor, op: object, root: int
+                          ) -> None:
+    if comm.rank != root:
+        comm.send(buf, root)
+        return
+    scratch = buf.clone()  # the root's own data is combined a second time below
+    ops.combine(op, buf, scratch)
+    for src in range(comm.size):
+        if src != root:
+            comm.recv(scratch, src)
+            ops.combine(op, buf, scratch)
+    ops.finish(op, buf, comm.size)
+
+
+def head_to_head_all_gather(comm: Comm, buf: torch.Tensor) -> None:
+    p, rank = comm.size, comm.rank
+    chunk = blocks(buf, p)
+    for step in range(p - 1):  # blocking send first on every rank: nobody receives
+        dist.send(chunk[(rank - step) % p], (rank + 1) % p)
+        dist.recv(chunk[(rank - step - 1) % p], (rank - 1) % p)
+
+
+def native_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    dist.all_reduce(buf, op=op)
+
+
+def colltutor_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    colltutor.all_reduce(buf, op=op, algorithm="ring")
+
+
+def root_zero_broadcast(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    if comm.rank == 0:  # ignores root
+        comm.exchange(sends=[(s, buf) for s in range(1, comm.size)])
+    else:
+        comm.recv(buf, 0)
+
+
+def avg_twice_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    p, rank = comm.size, comm.rank
+    incoming = torch.empty_like(buf)
+    partners = [r for r in range(p) if r != rank]
+    for peer in partners:  # everybody sends everybody its buffer (right for SUM)
+        comm.sendrecv(buf if peer == partners[0] else sent, peer, incoming, peer)
+    sent = None
+    del sent
+
+
+def stub_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    raise NotImplementedError("write ring all-reduce here")
+
+
+WRONG = [
+    ("off-by-one", off_by_one_all_gather, "all_gather", "ring",
+     ["is wrong at", "expected", "got", "a block never arrived"]),
+    ("wrong-neighbour", wrong_neighbour_all_gather, "all_gather", "ring",
+     ["a deadlock", "blocked in", "wrong neighbour"]),
+    ("missing-last-step", missing_last_step_all_gather, "all_gather", "ring",
+     ["on 3 ranks", "still hold -7", "missing last step"]),
+    ("naive-ring", naive_ring_all_reduce, "all_reduce", "ring",
+     ["values right, messages wrong", "rank 0 sent 1 message",
+      "(the full buffer)", "2(p-1) messages of n/p elements"]),
+    ("reduction-twice", own_data_twice_reduce, "reduce", "linear",
+     ["rank 0: buf is wrong", "own data was added twice"]),
+    ("head-to-head", head_to_head_all_gather, "all_gather", "ring",
+     ["on 2 ranks", "a deadlock", "rank 0: blocked in send to rank 1",
+      "ranks 0 and 1 both block in a send to each other"]),
+    ("dist.all_reduce", native_all_reduce, "all_reduce", "ring",
+     ["called torch.distributed.all_reduce", "point-to-point messages only"]),
+    ("colltutor.all_reduce", colltutor_all_reduce, "all_reduce", "ring",
+     ["called colltutor.all_reduce"]),
+    ("ignores-root", root_zero_broadcast, "broadcast", "linear", ["root 1"]),
+    ("stub", stub_all_reduce, "all_reduce", "ring",
+     ["raised NotImplementedError: write ring all-reduce here",
+      "write your solution"]),
+]
+
+
+@pytest.mark.parametrize("name, fn, collective, expect, phrases", WRONG,
+                         ids=[w[0] for w in WRONG])
+def test_each_mistake_is_flagged(name, fn, collective, expect, phrases) -> None:
+    report = colltutor.check(fn, collective, expect=expect, world_sizes=QUICK,
+                             timeout=4)
+    assert not report.ok
+    assert report.message.startswith("FAILED"), report.message
+    for phrase in phrases:
+        assert phrase in report.message, f"{phrase!r} not in:\n{report.message}"
