@@ -357,7 +357,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str, p2p: float) -> None:
     """busbw against size, one line per (collective, algorithm)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    fig = Figure(figsize=(9, 5), layout="constrained")
     ax = fig.subplots()
     lines: dict[str, list[tuple[int, float]]] = {}
     several = len({r["collective"] for r in rows}) > 1
@@ -373,7 +373,8 @@ def plot(rows: Sequence[dict[str, Any]], path: str, p2p: float) -> None:
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    fig.legend(loc="outside right upper", fontsize=6,
+               ncols=1 + len(lines) // 25)
     p = rows[0]["p"] if rows else 0
     ax.set_title(f"bus bandwidth on {p} ranks", fontsize=11)
     fig.savefig(path, dpi=120)

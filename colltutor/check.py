@@ -266,7 +266,8 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
 
     from torch.distributed import distributed_c10d as c10d
 
-    patches = [(module, name, routed(name)) for name in ours
+    shared = {name: routed(name) for name in ours}  # P2POp compares them by identity
+    patches = [(module, name, shared[name]) for name in ours
                for module in (dist, c10d)]
     patches += [(dist, name, _refuse(name, "torch.distributed")) for name in NATIVE]
     for module in (colltutor, api):
@@ -475,6 +476,10 @@ def _hint(case: Case, p: int, got: torch.Tensor, want: torch.Tensor,
           mine: torch.Tensor | None) -> str:
     """A guess at the mistake, from the shape of the wrong values."""
     same = lambda a, b: bool(_close(a, b).all())  # noqa: E731
+    if case.root:
+        return f"the same collective passed with root 0: does the code assume the " \
+               f"root is rank 0? (here it is rank {case.root}; renumber the ranks " \
+               "relative to the root, v = (rank - root) % p)"
     if mine is not None and mine.shape == got.shape and same(got, mine) \
             and not same(mine, want):
         return "the buffer is unchanged: the result never reached it (did you " \
@@ -719,7 +724,8 @@ def _structure_text(collective: str, f: dict) -> str:
     sizes = f"{elements} elements in all"
     if messages and elements % messages == 0:
         each = elements // messages
-        sizes = f"{each} elements each" + (" (the full buffer)" if each == n else "")
+        sizes = f"{each} elements" + (" each" if messages > 1 else "")
+        sizes += " (the full buffer)" if each == n else ""
     expect = f.get("expect_name") or ""
     text = (f"rank {rank} sent {messages} message{'s' * (messages != 1)} of {sizes}, "
             f"where the expected algorithm sends {w_messages} message"

@@ -14,6 +14,7 @@ import colltutor
 from colltutor import ops
 from colltutor.p2p import Comm, blocks
 from colltutor.solutions import EXERCISES
+from colltutor.solutions.all_reduce import ring_all_reduce
 
 QUICK = (1, 2, 3, 4)  # world sizes for the wrong solutions: enough to catch them
 
@@ -102,13 +103,8 @@ def root_zero_broadcast(comm: Comm, buf: torch.Tensor, root: int) -> None:
 
 
 def avg_twice_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
-    p, rank = comm.size, comm.rank
-    incoming = torch.empty_like(buf)
-    partners = [r for r in range(p) if r != rank]
-    for peer in partners:  # everybody sends everybody its buffer (right for SUM)
-        comm.sendrecv(buf if peer == partners[0] else sent, peer, incoming, peer)
-    sent = None
-    del sent
+    ring_all_reduce(comm, buf, op)
+    ops.finish(op, buf, comm.size)  # a second time: AVG divided by p twice
 
 
 def stub_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
@@ -121,12 +117,14 @@ WRONG = [
     ("wrong-neighbour", wrong_neighbour_all_gather, "all_gather", "ring",
      ["a deadlock", "blocked in", "wrong neighbour"]),
     ("missing-last-step", missing_last_step_all_gather, "all_gather", "ring",
-     ["on 3 ranks", "still hold -7", "missing last step"]),
+     ["on 2 ranks", "still hold -7", "missing last step"]),
     ("naive-ring", naive_ring_all_reduce, "all_reduce", "ring",
      ["values right, messages wrong", "rank 0 sent 1 message",
       "(the full buffer)", "2(p-1) messages of n/p elements"]),
     ("reduction-twice", own_data_twice_reduce, "reduce", "linear",
-     ["rank 0: buf is wrong", "own data was added twice"]),
+     ["rank 0: buf is wrong", "applied twice"]),
+    ("avg-divided-twice", avg_twice_all_reduce, "all_reduce", "ring",
+     ["with AVG", "AVG was divided by p more than once"]),
     ("head-to-head", head_to_head_all_gather, "all_gather", "ring",
      ["on 2 ranks", "a deadlock", "rank 0: blocked in send to rank 1",
       "ranks 0 and 1 both block in a send to each other"]),
@@ -134,7 +132,8 @@ WRONG = [
      ["called torch.distributed.all_reduce", "point-to-point messages only"]),
     ("colltutor.all_reduce", colltutor_all_reduce, "all_reduce", "ring",
      ["called colltutor.all_reduce"]),
-    ("ignores-root", root_zero_broadcast, "broadcast", "linear", ["root 1"]),
+    ("ignores-root", root_zero_broadcast, "broadcast", "linear",
+     ["root 1 on 2 ranks", "assume the root is rank 0"]),
     ("stub", stub_all_reduce, "all_reduce", "ring",
      ["raised NotImplementedError: write ring all-reduce here",
       "write your solution"]),
@@ -150,3 +149,48 @@ def test_each_mistake_is_flagged(name, fn, collective, expect, phrases) -> None:
     assert report.message.startswith("FAILED"), report.message
     for phrase in phrases:
         assert phrase in report.message, f"{phrase!r} not in:\n{report.message}"
+
+
+# -- raw torch.distributed point-to-point calls are traced too ----------------------
+
+def isend_irecv_all_gather(comm: Comm, buf: torch.Tensor) -> None:
+    p, rank = dist.get_world_size(), dist.get_rank()
+    chunk = blocks(buf, p)
+    for step in range(p - 1):
+        works = [dist.irecv(chunk[(rank - step - 1) % p], (rank - 1) % p),
+                 dist.isend(chunk[(rank - step) % p], (rank + 1) % p)]
+        for work in works:
+            work.wait()
+
+
+def batched_naive_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
+    p, rank = dist.get_world_size(), dist.get_rank()
+    incoming = [torch.empty_like(buf) for _ in range(p)]
+    batch = [dist.P2POp(dist.isend, buf, peer) for peer in range(p) if peer != rank]
+    batch += [dist.P2POp(dist.irecv, incoming[peer], peer) for peer in range(p)
+              if peer != rank]
+    for work in dist.batch_isend_irecv(batch) if batch else []:
+        work.wait()
+    for peer in range(p):
+        if peer != rank:
+            ops.combine(op, buf, incoming[peer])
+    ops.finish(op, buf, p)
+
+
+def test_torch_distributed_point_to_point_is_traced() -> None:
+    report = colltutor.check(isend_irecv_all_gather, "all_gather", expect="ring",
+                             world_sizes=QUICK)
+    assert report.ok, report.message
+    # right values, but every rank sends its whole buffer to everybody: counted
+    report = colltutor.check(batched_naive_all_reduce, "all_reduce", expect="ring",
+                             world_sizes=QUICK)
+    assert not report.ok
+    assert "values right, messages wrong" in report.message, report.message
+    assert "rank 0 sent 1 message of 8 elements (the full buffer)" in report.message
+
+
+def test_unknown_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="no algorithm 'rng'"):
+        colltutor.check(isend_irecv_all_gather, "all_gather", expect="rng")
+    with pytest.raises(ValueError, match="unknown collective"):
+        colltutor.check(isend_irecv_all_gather, "allgather")

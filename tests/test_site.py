@@ -55,6 +55,9 @@ class PageReport:
     math_errors: int = 0
     widgets_saved: int = 0
     widgets_rendered: int = 0
+    animations: int = 0
+    animations_stepping: int = 0
+    explorers: int = 0
     links: list[str] = field(default_factory=list)
 
 
@@ -132,6 +135,22 @@ def _visit(page, base: str, path: str) -> PageReport:
         report.widgets_rendered = page.evaluate(
             "() => document.querySelectorAll('.jupyter-widgets-view, .widget-tab')"
             ".length")
+
+    # Animations play without a kernel: stepping forward shows another frame.
+    players = page.locator("div.animation")
+    report.animations = players.count()
+    for i in range(report.animations):
+        player = players.nth(i)
+        player.scroll_into_view_if_needed(timeout=TIMEOUT_MS)
+        frame = player.locator("img").first
+        before = frame.get_attribute("src")
+        player.locator("button[title='Next frame']").first.click()
+        if frame.get_attribute("src") != before and frame.evaluate(
+                "i => i.complete && i.naturalWidth > 0"):
+            report.animations_stepping += 1
+    # The explorer's static rendering says that it is live in Jupyter.
+    report.explorers = page.locator(
+        "figure.colltutor-explorer:has(img):has-text('Jupyter')").count()
 
     # Scroll through the page so that lazily loaded images load, then check them.
     page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
@@ -244,6 +263,18 @@ def test_math_is_typeset(site: SiteReport) -> None:
         r.math_rendered < r.math_elements or r.math_errors)
         and f"{r.math_rendered} of {r.math_elements} typeset, {r.math_errors} errors")
     assert not failures, failures
+
+
+def test_animations_play_without_a_kernel(site: SiteReport) -> None:
+    with_players = [r for r in site.pages.values() if r.animations]
+    assert len(with_players) >= 6, "every algorithm chapter (3-8) has an animation"
+    failures = _failures(site, lambda r: r.animations_stepping < r.animations
+                         and f"{r.animations_stepping} of {r.animations} step")
+    assert not failures, failures
+
+
+def test_the_explorer_is_rendered_statically(site: SiteReport) -> None:
+    assert sum(r.explorers for r in site.pages.values()) >= 1
 
 
 def test_widgets_are_drawn(site: SiteReport) -> None:
