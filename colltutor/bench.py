@@ -380,6 +380,38 @@ def plot(rows: Sequence[dict[str, Any]], path: str, p2p: float) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _rank_fit(repeat: int = 15) -> tuple[list, list]:
+    """One-way ping-pong times and in-place add times, 4 B to 16 MiB.
+
+    Like :func:`colltutor.cost.measure`, but keeping the fastest repetition: on a
+    loaded machine a one-way gloo message now and then waits a scheduler tick
+    (about 4 ms), and the fastest repetition is the one that shows the machine's
+    alpha and beta rather than the neighbours' load."""
+    rank, pingpong, reduction = dist.get_rank(), [], []
+    for nbytes in (4 << (2 * k) for k in range(12)):
+        buf = torch.ones(nbytes // 4)
+        other = torch.ones_like(buf)
+        times = []
+        for _ in range(repeat):
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - start) / 2)
+        pingpong.append((nbytes, min(times)))
+        adds = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            buf.add_(other)
+            adds.append(time.perf_counter() - start)
+        reduction.append((nbytes, min(adds)))
+    return pingpong, reduction
+
+
 def fit(args: argparse.Namespace) -> int:
     """``--fit``: alpha, beta, gamma from a ping-pong and a local add; the switch
     points they imply; with ``--plot``, predicted against measured time for every
@@ -387,7 +419,10 @@ def fit(args: argparse.Namespace) -> int:
     from colltutor import cost, draw, tuning
 
     p = args.world_size
-    params = cost.measure()
+    import colltutor
+
+    params = cost.fit(*colltutor.run(_rank_fit, 2, backend=args.backend,
+                                     timeout=None)[0])
     print(f"# fitted on this machine: alpha = {params['alpha'] * 1e6:.1f} us, "
           f"1/beta = {1 / max(params['beta'], 1e-30) / 1e9:.2f} GB/s, "
           f"1/gamma = {1 / max(params['gamma'], 1e-30) / 1e9:.2f} GB/s")
