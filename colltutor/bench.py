@@ -241,6 +241,8 @@ def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
     """Every algorithm at one size on this rank: time, #wrong, peak memory."""
     from colltutor import checks
 
+    if options["memory"]:
+        _track_memory()  # before anything is allocated, so that nothing is reused
     dtype, op = getattr(torch, options["dtype"]), _op(options["op"])
     case = Case(collective, nbytes, dtype, op)
     rows = []

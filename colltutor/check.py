@@ -92,7 +92,7 @@ SHAPES = {
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
 _REDUCING = ("reduce", "all_reduce", "reduce_scatter")
-_SENTINEL = -7
+_SENTINEL = -999  # outside every value a case can produce
 _MARK = "COLLTUTOR-CHECK "
 
 
@@ -198,7 +198,8 @@ NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_te
           "all_gather_object", "gather", "gather_object", "scatter",
           "scatter_object_list",
           "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-          "barrier", "broadcast_object_list", "monitored_barrier")
+          "barrier", "broadcast_object_list", "monitored_barrier",
+          "all_gather_single", "reduce_scatter_single")
 
 
 def _refuse(name: str, where: str) -> Callable:
@@ -454,7 +455,10 @@ def _compare(case: Case, rank: int, p: int, collective: str, got, want,
         for s, (g, w) in enumerate(zip(got, want)):
             _compare_one(case, rank, p, g, w, None, f"outputs[{s}] (from rank {s})")
         return
-    _compare_one(case, rank, p, got, want, data.get("mine"), "buf")
+    mine = data.get("mine")
+    if mine is not None and mine.shape != want.shape:  # reduce_scatter: a block
+        mine = p2p.blocks(mine, p)[rank]
+    _compare_one(case, rank, p, got, want, mine, "buf")
 
 
 def _compare_one(case: Case, rank: int, p: int, got: torch.Tensor, want: torch.Tensor,
@@ -574,7 +578,7 @@ def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
 
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), _pickleable_modules():
             results = runtime.run(_rank_check, p, fn, collective, chosen,
                                   backend="gloo", timeout=timeout)
     except runtime.RankTimeoutError as error:
@@ -582,6 +586,24 @@ def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
     except runtime.RankError as error:
         return _crash(error, chosen, out.getvalue()), []
     return None, results
+
+
+@contextlib.contextmanager
+def _pickleable_modules() -> Iterator[None]:
+    """Hide torch's module-like objects from ``sys.modules`` while ``run`` pickles.
+
+    torch puts objects there (``torch.ops``); cloudpickle, shipping a notebook
+    function that uses ``torch`` and any name ``ops`` (``ops.combine``), takes
+    ``torch.ops`` for a submodule it uses and fails to pickle it."""
+    fake = {name: m for name, m in list(sys.modules.items())
+            if name.startswith("torch.") and m is not None
+            and type(m) is not types.ModuleType}
+    for name in fake:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(fake)
 
 
 def _case_of(rank: int, output: str) -> int | None:
@@ -598,7 +620,9 @@ def _deadlock(error: runtime.RankTimeoutError, chosen: list[Case], output: str
               ) -> dict:
     where = {r: _case_of(r, output) for r in error.pending}
     first = min((c for c in where.values() if c is not None), default=0)
-    blocked = {r: re.sub(r";? ?in case \d+$", "", error.statuses.get(r, "no status"))
+    blocked = {r: re.sub(r"(; )?in case \d+$", "", error.statuses.get(r, "no status"))
+               or "running its own code, not waiting for any message (an endless "
+                  "loop?)"
                for r, c in where.items() if c == first}
     return {"kind": "deadlock", "case": first, "blocked": blocked,
             "timeout": error.args[0].split(":")[0], "prints": _prints(output)}
@@ -682,9 +706,11 @@ def _explain(fn: Callable, collective: str, f: dict) -> str:
             text += "\n" + f["where"]
     elif kind == "deadlock":
         lines = [f"rank {r}: {s}" for r, s in sorted(f["blocked"].items())]
-        text = (head + f"{f['timeout']}: a deadlock. Where each rank was "
-                "blocked:\n    " + "\n    ".join(lines))
-        text += _deadlock_hint(f["blocked"])
+        waiting = any(s.startswith("blocked in") for s in f["blocked"].values())
+        what = "a deadlock. Where each rank was blocked" if waiting else \
+            "no rank was waiting for a message. Where each rank was"
+        text = head + f"{f['timeout']}: {what}:\n    " + "\n    ".join(lines)
+        text += _deadlock_hint(f["blocked"]) if waiting else ""
     elif kind == "structure":
         text = head.replace("FAILED", "FAILED (values right, messages wrong)") + \
             _structure_text(collective, f)
@@ -721,17 +747,21 @@ def _structure_text(collective: str, f: dict) -> str:
     rank, (messages, elements), (w_messages, w_elements) = (f["rank"], f["sent"],
                                                             f["want"])
     n, p = f["count"], f["world_size"]
-    sizes = f"{elements} elements in all"
+    sizes = f"{_many(elements, 'element')} in all"
     if messages and elements % messages == 0:
         each = elements // messages
-        sizes = f"{each} elements" + (" each" if messages > 1 else "")
+        sizes = _many(each, "element") + (" each" if messages > 1 else "")
         sizes += " (the full buffer)" if each == n else ""
     expect = f.get("expect_name") or ""
-    text = (f"rank {rank} sent {messages} message{'s' * (messages != 1)} of {sizes}, "
-            f"where the expected algorithm sends {w_messages} message"
-            f"{'s' * (w_messages != 1)}, {w_elements} elements in all "
-            f"(n = {n}, p = {p})")
+    size = f"n = {n}, p = {p}" if collective != "barrier" else f"p = {p}"
+    text = (f"rank {rank} sent {_many(messages, 'message')} of {sizes}, "
+            f"where the expected algorithm sends {_many(w_messages, 'message')}, "
+            f"{_many(w_elements, 'element')} in all ({size})")
     return text + expect
+
+
+def _many(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
 
 
 def _set_expect_name(report_failure: dict, collective: str, expect: str) -> None:

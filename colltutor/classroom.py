@@ -103,7 +103,8 @@ def student_edition(nb: dict) -> dict:
             previous = nb["cells"][i - 1] if i else {}
             if STUB in tags(previous):
                 continue  # the hand-written stub just before it stands in
-            cell = {"cell_type": "code", "metadata": {"tags": [STUB]},
+            cell = {**({"id": cell["id"]} if "id" in cell else {}),
+                    "cell_type": "code", "metadata": {"tags": [STUB]},
                     "source": stub(source(cell)), "outputs": [],
                     "execution_count": None}
         elif STUB in kind:

@@ -107,6 +107,10 @@ def avg_twice_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
     ops.finish(op, buf, comm.size)  # a second time: AVG divided by p twice
 
 
+def noop_barrier(comm: Comm) -> None:
+    pass  # returns at once: ranks leave before the late one has entered
+
+
 def stub_all_reduce(comm: Comm, buf: torch.Tensor, op: object) -> None:
     raise NotImplementedError("write ring all-reduce here")
 
@@ -117,7 +121,7 @@ WRONG = [
     ("wrong-neighbour", wrong_neighbour_all_gather, "all_gather", "ring",
      ["a deadlock", "blocked in", "wrong neighbour"]),
     ("missing-last-step", missing_last_step_all_gather, "all_gather", "ring",
-     ["on 2 ranks", "still hold -7", "missing last step"]),
+     ["on 2 ranks", "still hold -999", "missing last step"]),
     ("naive-ring", naive_ring_all_reduce, "all_reduce", "ring",
      ["values right, messages wrong", "rank 0 sent 1 message",
       "(the full buffer)", "2(p-1) messages of n/p elements"]),
@@ -134,6 +138,8 @@ WRONG = [
      ["called colltutor.all_reduce"]),
     ("ignores-root", root_zero_broadcast, "broadcast", "linear",
      ["root 1 on 2 ranks", "assume the root is rank 0"]),
+    ("no-op-barrier", noop_barrier, "barrier", "dissemination",
+     ["on 2 ranks", "left the barrier before rank 1 had entered it"]),
     ("stub", stub_all_reduce, "all_reduce", "ring",
      ["raised NotImplementedError: write ring all-reduce here",
       "write your solution"]),

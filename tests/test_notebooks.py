@@ -86,4 +86,5 @@ def test_every_nbval_exception_has_a_reason(path: Path) -> None:
             missing.append(f"cell {i}: tag {tags[0]} (explain it in a first-line "
                            "comment)")
     assert not missing, ("say why next to each nbval marker, e.g. "
-                         "'# NBVAL_IGNORE_OUTPUT' then '# timings vary' below it: " + ", ".join(missing))
+                         "'# NBVAL_IGNORE_OUTPUT' then '# timings vary' below it: "
+                         + ", ".join(missing))

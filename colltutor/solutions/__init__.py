@@ -6,7 +6,7 @@ self-contained, so a learner can read one without the others.  The exercise
 notebooks (``notebooks/0N_exercises.ipynb``) show these functions as their hidden
 solution cells; ``python -m colltutor classroom`` regenerates those cells from here,
 builds the student edition (stubs instead of solutions) and the instructor edition.
-:data:`EXERCISES` lists them, in course order.
+``EXERCISES`` lists them, in course order.
 """
 
 from __future__ import annotations
