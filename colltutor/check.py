@@ -578,7 +578,7 @@ def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
 
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), _pickleable_modules():
+        with contextlib.redirect_stdout(out):
             results = runtime.run(_rank_check, p, fn, collective, chosen,
                                   backend="gloo", timeout=timeout)
     except runtime.RankTimeoutError as error:
@@ -586,24 +586,6 @@ def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
     except runtime.RankError as error:
         return _crash(error, chosen, out.getvalue()), []
     return None, results
-
-
-@contextlib.contextmanager
-def _pickleable_modules() -> Iterator[None]:
-    """Hide torch's module-like objects from ``sys.modules`` while ``run`` pickles.
-
-    torch puts objects there (``torch.ops``); cloudpickle, shipping a notebook
-    function that uses ``torch`` and any name ``ops`` (``ops.combine``), takes
-    ``torch.ops`` for a submodule it uses and fails to pickle it."""
-    fake = {name: m for name, m in list(sys.modules.items())
-            if name.startswith("torch.") and m is not None
-            and type(m) is not types.ModuleType}
-    for name in fake:
-        del sys.modules[name]
-    try:
-        yield
-    finally:
-        sys.modules.update(fake)
 
 
 def _case_of(rank: int, output: str) -> int | None:

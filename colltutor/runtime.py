@@ -23,6 +23,7 @@ No rank process, zombie, port or shared-memory segment outlives a run.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import itertools
 import math
@@ -36,7 +37,7 @@ import sysconfig
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -373,15 +374,34 @@ def _pickle(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     import); installed packages and colltutor itself go by reference.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is None or not _users_own(module):
-        return cloudpickle.dumps((fn, args, kwargs))
-    cloudpickle.register_pickle_by_value(module)
+    with _pickleable_modules():
+        if module is None or not _users_own(module):
+            return cloudpickle.dumps((fn, args, kwargs))
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            return cloudpickle.dumps((fn, args, kwargs))
+        except Exception:  # something in that module cannot travel by value
+            return cloudpickle.dumps((fn, args, kwargs))
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+@contextlib.contextmanager
+def _pickleable_modules() -> Iterator[None]:
+    """Hide torch's module-like objects from ``sys.modules`` while pickling.
+
+    torch puts objects there (``torch.ops``); cloudpickle, shipping a notebook
+    function that uses ``torch`` and any global named ``ops`` (``ops.combine``),
+    takes ``torch.ops`` for a submodule it uses and fails to pickle it."""
+    fake = {name: m for name, m in list(sys.modules.items())
+            if name.startswith("torch.") and m is not None
+            and type(m) is not types.ModuleType}
+    for name in fake:
+        del sys.modules[name]
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
-    except Exception:  # something in that module cannot travel by value
-        return cloudpickle.dumps((fn, args, kwargs))
+        yield
     finally:
-        cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.update(fake)
 
 
 def _users_own(module: types.ModuleType) -> bool:
