@@ -17,12 +17,18 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 # Debian packages for the browser test (chromium), the two-host test (iproute2) and
 # the vendored JavaScript of the website (npm);
-# installed only when running as root, otherwise those tests skip and say why.
+# installed only when running as root and only those missing (a machine whose Node.js
+# already brings npm cannot take Debian's npm), otherwise those tests skip and say why.
 system:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  if ! command -v chromium >/dev/null || ! command -v ip >/dev/null \
-	      || ! command -v npm >/dev/null; then \
-	    apt-get update -qq && apt-get install -y -qq chromium iproute2 npm >/dev/null; \
+	  missing=""; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  command -v ip >/dev/null || missing="$$missing iproute2"; \
+	  command -v npm >/dev/null || missing="$$missing npm"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "apt-get install$$missing"; \
+	    apt-get update -qq && apt-get install -y -qq \
+	      $$missing >/dev/null; \
 	  fi; \
 	fi
 
