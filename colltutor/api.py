@@ -152,6 +152,21 @@ def _flat(tensor: torch.Tensor, what: str = "tensor") -> torch.Tensor:
     return tensor.view(-1)
 
 
+def _joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The one flat buffer that ``tensors`` are consecutive pieces of, in order (as
+    ``list(out.chunk(p))`` makes), or ``None``: then lists cost a copy."""
+    first = tensors[0]
+    at = first.storage_offset()
+    for t in tensors:
+        if (not t.is_contiguous() or t.storage_offset() != at or t.dtype != first.dtype
+                or t.untyped_storage().data_ptr()
+                != first.untyped_storage().data_ptr()):
+            return None
+        at += t.numel()
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
+                                   (at - first.storage_offset(),))
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -241,10 +256,12 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
         _check_list(gather_list, size, tensor, "gather_list")
 
     def body(comm: Comm) -> None:
-        buf = mine.new_empty(size * mine.numel())
+        # receive straight into gather_list when it is one buffer cut in order
+        whole = _joined(gather_list) if is_root else None
+        buf = whole if whole is not None else mine.new_empty(size * mine.numel())
         blocks(buf, size)[comm.rank].copy_(mine)
         _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root)
-        if is_root:
+        if is_root and whole is None:
             for out, block in zip(gather_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
 
@@ -265,8 +282,10 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         _check_list(scatter_list, size, tensor, "scatter_list")
 
     def body(comm: Comm) -> None:
-        if is_root:
-            buf = torch.cat([t.reshape(-1) for t in scatter_list])
+        if is_root:  # send straight from scatter_list when it is one buffer in order
+            buf = _joined(scatter_list)
+            if buf is None:
+                buf = torch.cat([t.reshape(-1) for t in scatter_list])
         else:
             buf = mine.new_empty(size * mine.numel())
         _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root)
@@ -318,11 +337,14 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     mine = _flat(tensor)
 
     def body(comm: Comm) -> None:
-        buf = mine.new_empty(size * mine.numel())
+        # receive straight into tensor_list when it is one buffer cut in order
+        whole = _joined(tensor_list)
+        buf = whole if whole is not None else mine.new_empty(size * mine.numel())
         blocks(buf, size)[comm.rank].copy_(mine)
         _pick("all_gather", algorithm, _nbytes(buf), size)(comm, buf)
-        for out, block in zip(tensor_list, blocks(buf, size)):
-            out.view(-1).copy_(block)
+        if whole is None:
+            for out, block in zip(tensor_list, blocks(buf, size)):
+                out.view(-1).copy_(block)
 
     return _launch(group, async_op, body)
 

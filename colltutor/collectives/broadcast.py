@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from colltutor.collectives import all_gather, scatter
+from colltutor.collectives import all_gather, scatter, tree
 from colltutor.p2p import Comm, algorithm, blocks
 
 BREAK_EVEN_BYTES = 64 * 1024
@@ -60,32 +60,21 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Broadcast down a binomial tree: the number of ranks holding the data doubles
     every step.
 
-    In relative ranks (``vrank = (rank - root) % p``, root = 0) a rank receives
-    from ``vrank - mask``, where ``mask`` is its lowest set bit, then sends to
-    ``vrank + mask`` for every smaller ``mask``.
+    A rank receives from its parent, then sends to each of its children
+    (:mod:`~colltutor.collectives.tree`: in relative ranks the parent of ``vrank`` is
+    ``vrank - mask`` for its lowest set bit ``mask``, its children ``vrank + m`` for
+    every smaller ``m``).
     Steps: ``ceil(lg p)``.  Bytes: every rank receives ``n`` once; the root sends
     ``n`` ``ceil(lg p)`` times.  Cost: ``ceil(lg p)(alpha + n beta)``.
     Chapter 3, Broadcast and Reduce.
     """
-    p = comm.size
-    vrank = (comm.rank - root) % p
-
-    def real(v: int) -> int:
-        return (v + root) % p
-
+    node = tree.binomial(comm.rank, root, comm.size)
     # 1. receive the buffer from my parent (the root has it already)
-    mask = 1
-    while mask < p:
-        if vrank & mask:
-            comm.recv(buf, real(vrank - mask))
-            break
-        mask <<= 1
+    if node.parent is not None:
+        comm.recv(buf, node.parent)
     # 2. send it to my children, the farthest subtree first
-    mask >>= 1
-    while mask > 0:
-        if vrank + mask < p:
-            comm.send(buf, real(vrank + mask))
-        mask >>= 1
+    for child in reversed(node.children):
+        comm.send(buf, child.rank)
 
 
 @algorithm

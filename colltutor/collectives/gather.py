@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from colltutor.collectives import tree
 from colltutor.collectives.scatter import relative_span
 from colltutor.p2p import Comm, algorithm, blocks
 
@@ -40,36 +41,25 @@ def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
 def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Gather up a binomial tree: the mirror image of the binomial scatter.
 
-    In relative ranks (``vrank = (rank - root) % p``, root = 0), for growing
-    ``mask`` a rank receives the blocks of the subtree ``vrank+mask ..
-    vrank+2*mask-1`` from its child ``vrank + mask``, until ``mask`` is its lowest
-    set bit: then it sends everything it has collected to its parent.
+    In relative ranks (``vrank = (rank - root) % p``, root = 0; see
+    :mod:`~colltutor.collectives.tree`) a rank receives from each child, nearest
+    first, the blocks of the child's subtree, then sends everything it has collected
+    (its own subtree) to its parent.
     Steps: ``ceil(lg p)``.  Bytes: the root receives ``(p-1)/p n`` in total, the
     message size doubling each step.  Cost: ``lg p alpha + ((p-1)/p) n beta``.
     A subtree whose blocks wrap past rank ``p - 1`` travels as two messages.
     Chapter 4, Scatter and Gather.
     """
     p = comm.size
-    vrank = (comm.rank - root) % p
-
-    def real(v: int) -> int:
-        return (v + root) % p
-
-    mask = 1
-    while mask < p:
-        if vrank & mask:
-            # 2. send my collected subtree to my parent, and stop
-            parent = real(vrank - mask)
-            mine = relative_span(buf, p, root, vrank, min(vrank + mask, p))
-            comm.exchange(sends=[(parent, t) for t in mine])
-            break
-        if vrank + mask < p:
-            # 1. receive my child's subtree straight into its blocks
-            child = real(vrank + mask)
-            theirs = relative_span(buf, p, root, vrank + mask,
-                                   min(vrank + 2 * mask, p))
-            comm.exchange(recvs=[(child, t) for t in theirs])
-        mask <<= 1
+    node = tree.binomial(comm.rank, root, p)
+    # 1. receive each child's subtree straight into its blocks, the nearest first
+    for child in node.children:
+        theirs = relative_span(buf, p, root, child.lo, child.hi)
+        comm.exchange(recvs=[(child.rank, t) for t in theirs])
+    # 2. send my collected subtree to my parent (the root is done)
+    if node.parent is not None:
+        mine = relative_span(buf, p, root, node.lo, node.hi)
+        comm.exchange(sends=[(node.parent, t) for t in mine])
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {

@@ -3,9 +3,11 @@
 Every algorithm has the signature ``fn(comm, buf, op, root)``.  Only the root's
 buffer changes: the other ranks work on a scratch copy, so their buffers are left
 as they were (what NCCL does; gloo's native reduce leaves scratch values there).
-Partial results are received into one reused scratch buffer and folded in place with
-:func:`colltutor.ops.combine`; :func:`colltutor.ops.finish` (AVG's division) is
-applied exactly once, to the final result.
+Partial results are received segment by segment into two small reused slots and
+folded in place with :func:`colltutor.ops.combine` (see
+:func:`~colltutor.collectives.reduce_scatter.reduce_step`);
+:func:`colltutor.ops.finish` (AVG's division) is applied exactly once, to the final
+result.
 
 Chapter 3 of the book ("Broadcast and Reduce") walks through every algorithm.
 """
@@ -17,7 +19,8 @@ from collections.abc import Callable
 import torch
 
 from colltutor import ops
-from colltutor.collectives import gather, reduce_scatter
+from colltutor.collectives import gather, reduce_scatter, tree
+from colltutor.collectives.reduce_scatter import reduce_step, segment_slots
 from colltutor.p2p import Comm, algorithm
 
 
@@ -26,60 +29,53 @@ def linear(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     """Reduce at the root, one rank at a time: the root receives every other
     rank's buffer in turn and combines it into its own.
 
+    Each buffer travels in segments (see
+    :func:`~colltutor.collectives.reduce_scatter.reduce_step`), so that combining
+    one overlaps receiving the next.
     Steps: ``p - 1`` at the root (one receive each), 1 elsewhere.  Bytes: the root
     receives ``(p-1) n``; every other rank sends ``n``.
     Cost: ``(p-1)(alpha + n beta + n gamma)``.
     Chapter 3, Broadcast and Reduce.
     """
+    slots = segment_slots(buf, buf.numel())
     if comm.rank != root:
         # 1. everyone else sends its buffer to the root (and keeps it unchanged)
-        comm.send(buf, root)
+        reduce_step(comm, op, slots, send=(root, buf))
         return
-    incoming = torch.empty_like(buf)
     for src in range(comm.size):
         if src != root:
             # 2. the root receives one buffer and combines it into its own
-            comm.recv(incoming, src)
-            ops.combine(op, buf, incoming)
+            reduce_step(comm, op, slots, recv=(src, buf))
     # 3. AVG divides the finished sum once
     ops.finish(op, buf, comm.size)
-
 
 @algorithm
 def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     """Reduce up a binomial tree: the mirror image of the binomial broadcast.
 
-    In relative ranks (``vrank = (rank - root) % p``, root = 0), for growing
-    ``mask`` a rank receives the partial result of its child ``vrank + mask`` and
-    combines it into its own, until ``mask`` is its lowest set bit: then it sends
-    its partial result to its parent ``vrank - mask``.
+    A rank receives the partial result of each of its children, nearest first
+    (:mod:`~colltutor.collectives.tree`), combines it into its own, then sends its
+    partial result to its parent.  Messages travel in segments, so combining one
+    overlaps receiving the next (see
+    :func:`~colltutor.collectives.reduce_scatter.reduce_step`).
     Steps: ``ceil(lg p)``.  Bytes: each rank sends ``n`` once; the root receives
     ``n`` ``ceil(lg p)`` times.  Cost: ``ceil(lg p)(alpha + n beta + n gamma)``.
     Chapter 3, Broadcast and Reduce.
     """
-    p = comm.size
-    vrank = (comm.rank - root) % p
-    # the root reduces into its buffer; everyone else into a scratch copy
-    acc = buf if comm.rank == root else buf.clone()
-    incoming = torch.empty_like(buf)
-
-    def real(v: int) -> int:
-        return (v + root) % p
-
-    mask = 1
-    while mask < p:
-        if vrank & mask:
-            # 2. send my partial result to my parent, and stop
-            comm.send(acc, real(vrank - mask))
-            return
-        if vrank + mask < p:
-            # 1. receive my child's partial result and combine it into mine
-            comm.recv(incoming, real(vrank + mask))
-            ops.combine(op, acc, incoming)
-        mask <<= 1
-    # 3. only the root gets here: AVG divides the finished sum once
-    ops.finish(op, acc, p)
-
+    node = tree.binomial(comm.rank, root, comm.size)
+    # the root reduces into its buffer, a leaf just sends its own, and a rank in
+    # between combines into a scratch copy, so that its buffer stays unchanged
+    acc = buf.clone() if node.parent is not None and node.children else buf
+    slots = segment_slots(buf, buf.numel())
+    # 1. receive each child's partial result, nearest first, and combine it into mine
+    for child in node.children:
+        reduce_step(comm, op, slots, recv=(child.rank, acc))
+    if node.parent is not None:
+        # 2. send my partial result to my parent
+        reduce_step(comm, op, slots, send=(node.parent, acc))
+    else:
+        # 3. the root's result is complete: AVG divides the finished sum once
+        ops.finish(op, acc, comm.size)
 
 @algorithm
 def reduce_scatter_gather(comm: Comm, buf: torch.Tensor, op: object, root: int

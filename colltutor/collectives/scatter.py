@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from colltutor.collectives import tree
 from colltutor.p2p import Comm, algorithm, blocks, span
 
 
@@ -56,39 +57,25 @@ def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
 def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Scatter down a binomial tree: each rank halves the blocks it holds.
 
-    In relative ranks (``vrank = (rank - root) % p``, root = 0) the subtree of
-    ``vrank`` below ``mask`` is ``vrank .. vrank+mask-1``.  A rank receives its
-    whole subtree's blocks from ``vrank - mask`` (its lowest set bit), then gives
-    the upper half to ``vrank + mask`` for ever smaller masks.
+    In relative ranks (``vrank = (rank - root) % p``, root = 0; see
+    :mod:`~colltutor.collectives.tree`) a rank receives its whole subtree's blocks
+    from its parent, then gives each child the blocks of the child's subtree: the
+    upper half of what it holds, then the upper half of the rest, and so on.
     Steps: ``ceil(lg p)``.  Bytes: the root sends ``(p-1)/p n`` in total, halving
     each step.  Cost: ``lg p alpha + ((p-1)/p) n beta``.  A subtree whose blocks
     wrap past rank ``p - 1`` travels as two messages (see :func:`relative_span`).
     Chapter 4, Scatter and Gather.
     """
     p = comm.size
-    vrank = (comm.rank - root) % p
-
-    def real(v: int) -> int:
-        return (v + root) % p
-
+    node = tree.binomial(comm.rank, root, p)
     # 1. receive my subtree's blocks from my parent (the root has them already)
-    mask = 1
-    while mask < p:
-        if vrank & mask:
-            parent = real(vrank - mask)
-            mine = relative_span(buf, p, root, vrank, min(vrank + mask, p))
-            comm.exchange(recvs=[(parent, t) for t in mine])
-            break
-        mask <<= 1
-    # 2. hand the upper half of my subtree to the child at vrank + mask
-    mask >>= 1
-    while mask > 0:
-        if vrank + mask < p:
-            child = real(vrank + mask)
-            theirs = relative_span(buf, p, root, vrank + mask,
-                                   min(vrank + 2 * mask, p))
-            comm.exchange(sends=[(child, t) for t in theirs])
-        mask >>= 1
+    if node.parent is not None:
+        mine = relative_span(buf, p, root, node.lo, node.hi)
+        comm.exchange(recvs=[(node.parent, t) for t in mine])
+    # 2. hand each child its subtree's blocks, the farthest subtree first
+    for child in reversed(node.children):
+        theirs = relative_span(buf, p, root, child.lo, child.hi)
+        comm.exchange(sends=[(child.rank, t) for t in theirs])
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {
