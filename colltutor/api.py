@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from colltutor import checks, collectives, ops, tuning
-from colltutor.p2p import Comm, Pending, blocks
+from colltutor.p2p import Comm, Pending, blocks, reusing_scratch
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
@@ -108,11 +108,16 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
     comm = Comm(group, tag=COLLECTIVE_TAG)
     checks.agree(comm)  # ranks agree on the call before any message moves
     if async_op:
-        return Work(_worker(group).submit(body, comm))
+        return Work(_worker(group).submit(_reusing_scratch, body, comm))
     if id(group) in _workers:
         _workers[id(group)].submit(lambda: None).result()
-    body(comm)
+    _reusing_scratch(body, comm)
     return None
+
+
+def _reusing_scratch(body: Callable[[Comm], Any], comm: Comm) -> None:
+    with reusing_scratch():
+        body(comm)
 
 
 COLLECTIVE_TAG = 0x3FFF_FFF0
@@ -258,7 +263,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     def body(comm: Comm) -> None:
         # receive straight into gather_list when it is one buffer cut in order
         whole = _joined(gather_list) if is_root else None
-        buf = whole if whole is not None else mine.new_empty(size * mine.numel())
+        buf = whole if whole is not None else comm.scratch(size * mine.numel(), mine)
         blocks(buf, size)[comm.rank].copy_(mine)
         _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root)
         if is_root and whole is None:
@@ -285,9 +290,10 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         if is_root:  # send straight from scatter_list when it is one buffer in order
             buf = _joined(scatter_list)
             if buf is None:
-                buf = torch.cat([t.reshape(-1) for t in scatter_list])
+                buf = torch.cat([t.reshape(-1) for t in scatter_list],
+                                out=comm.scratch(size * mine.numel(), mine))
         else:
-            buf = mine.new_empty(size * mine.numel())
+            buf = comm.scratch(size * mine.numel(), mine)
         _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root)
         mine.copy_(blocks(buf, size)[comm.rank])
 
@@ -339,7 +345,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     def body(comm: Comm) -> None:
         # receive straight into tensor_list when it is one buffer cut in order
         whole = _joined(tensor_list)
-        buf = whole if whole is not None else mine.new_empty(size * mine.numel())
+        buf = whole if whole is not None else comm.scratch(size * mine.numel(), mine)
         blocks(buf, size)[comm.rank].copy_(mine)
         _pick("all_gather", algorithm, _nbytes(buf), size)(comm, buf)
         if whole is None:
@@ -359,8 +365,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     size = dist.get_world_size(group)
     _check_sizes(full, out, size, "input", "output")
     ops.validate(op, full.dtype)
-    return _reduce_scatter_into(out, lambda: full.clone(), op, group, async_op,
-                                algorithm)
+    return _reduce_scatter_into(out, [full], op, group, async_op, algorithm)
 
 
 @checks.collective
@@ -374,16 +379,16 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
     _check_list(input_list, size, output, "input_list")
     out = _flat(output, "output")
     ops.validate(op, out.dtype)
-    return _reduce_scatter_into(
-        out, lambda: torch.cat([t.reshape(-1) for t in input_list]), op, group,
-        async_op, algorithm,
-    )
+    return _reduce_scatter_into(out, [t.reshape(-1) for t in input_list], op, group,
+                                async_op, algorithm)
 
 
-def _reduce_scatter_into(out: torch.Tensor, scratch: Callable[[], torch.Tensor], op,
-                         group, async_op: bool, algorithm: str | None):
+def _reduce_scatter_into(out: torch.Tensor, inputs: list[torch.Tensor], op, group,
+                         async_op: bool, algorithm: str | None):
     def body(comm: Comm) -> None:
-        buf = scratch()
+        # the algorithms reduce in place: they work on a copy of the input
+        buf = comm.scratch(sum(t.numel() for t in inputs), out)
+        torch.cat(inputs, out=buf)
         _pick("reduce_scatter", algorithm, _nbytes(buf), comm.size)(comm, buf, op)
         out.copy_(blocks(buf, comm.size)[comm.rank])
 
@@ -428,9 +433,12 @@ def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | N
     # (or a list of tensors) ranks send different amounts, so the size-based choice
     # would differ between ranks; they all take the large-message default instead.
     nbytes = None if uneven else sum(_nbytes(t) for t in inputs)
+    # without split sizes every rank knows every block's size: no need to exchange
+    counts = None if uneven else [[inputs[0].numel()] * len(inputs)] * len(inputs)
 
     def body(comm: Comm) -> None:
-        _pick("all_to_all", algorithm, nbytes, comm.size)(comm, outputs, inputs)
+        _pick("all_to_all", algorithm, nbytes, comm.size)(comm, outputs, inputs,
+                                                          counts)
 
     return _launch(group, async_op, body)
 

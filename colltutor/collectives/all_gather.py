@@ -86,7 +86,7 @@ def bruck(comm: Comm, buf: torch.Tensor) -> None:
     sizes = block_sizes(buf.numel(), p)
     start = [0, *accumulate(sizes)][rank]  # where my block starts in buf
     at = [0, *accumulate(sizes[(rank + i) % p] for i in range(p))]  # offsets in tmp
-    tmp = torch.empty_like(buf)
+    tmp = comm.scratch(buf.numel(), buf)
     # 1. my own block goes to position 0
     tmp[:sizes[rank]].copy_(blocks(buf, p)[rank])
     # 2. step k: send positions 0..count-1 to rank-d, receive d..d+count-1 from rank+d

@@ -43,7 +43,8 @@ def naive_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     """
     p, rank = comm.size, comm.rank
     left, right = (rank - 1) % p, (rank + 1) % p
-    passing, incoming = buf.clone(), torch.empty_like(buf)
+    passing = comm.scratch(buf.numel(), buf).copy_(buf)
+    incoming = comm.scratch(buf.numel(), buf)
     # 1. p-1 steps: forward, receive, accumulate; what arrived is forwarded next
     for _ in range(p - 1):
         comm.sendrecv(passing, right, incoming, left)
@@ -79,7 +80,7 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor, op: object) -> None:
     """
     p, rank = comm.size, comm.rank
     folded = rank < 2 * (p - fold.pof2(p))
-    slots = segment_slots(buf, buf.numel())
+    slots = segment_slots(comm, buf, buf.numel())
     # 1. fold in: an even rank of a folded pair adds its buffer into rank+1's
     if folded and rank % 2 == 0:
         reduce_step(comm, op, slots, send=(rank + 1, buf))

@@ -4,6 +4,10 @@ Contract of every algorithm here: ``fn(comm, outputs, inputs)`` with ``p`` flat
 views each; on rank r, ``outputs[s]`` receives rank s's ``inputs[r]``.  Sizes may be
 uneven (``all_to_all_single`` with split sizes): ``outputs[s].numel()`` on rank r
 equals ``inputs[r].numel()`` on rank s.  ``n`` is what a rank sends in total.
+``counts``, when given, is the p x p table of element counts (``counts[s][t]``:
+what rank s sends rank t) that every rank knows alike, as with ``all_to_all_single``
+without split sizes; only Bruck needs it, since its ranks forward blocks that are
+not theirs, and without it Bruck all-gathers the table first.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from colltutor.collectives import all_gather
 from colltutor.p2p import Comm, algorithm
 
 Blocks = list[torch.Tensor]
+Counts = list[list[int]] | None
 
 
 @algorithm
-def linear(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+def linear(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
+           ) -> None:
     """Post every receive and every send in one step and let the network sort it out.
 
     Messages are posted in the order rank+1, rank+2, ... so that ranks do not all
@@ -37,7 +43,8 @@ def linear(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
 
 
 @algorithm
-def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
+             ) -> None:
     """p-1 steps, one peer each way per step.
 
     Power-of-two p: step i pairs rank with ``rank ^ i`` (a true swap); otherwise send
@@ -58,26 +65,25 @@ def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
 
 
 @algorithm
-def bruck(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
+def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
+          ) -> None:
     """Bruck's all-to-all: ceil(lg p) steps, each moving about half of the data.
 
     Think of position i on rank r as "the block travelling from rank r-j to rank
     r-j+i", j being the part of the distance i already covered.  At step k
     (d = 2^k) every position with bit k set moves to rank r+d in one packed message;
     after the last step position i on rank r holds rank r-i's block for r.  Blocks
-    may differ in size, so first every rank learns all p x p sizes with a Bruck
-    all-gather of each rank's p sizes (int64).  Steps: 2 ceil(lg p); each rank
-    sends about (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the
+    may differ in size, so unless ``counts`` is given every rank first learns all
+    p x p sizes with a Bruck all-gather of each rank's p sizes (int64).
+    Steps: 2 ceil(lg p) (ceil(lg p) with ``counts``); each rank sends about
+    (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the
     size exchange and local packing).  Extra memory: the packed message sent, the
     one received, and blocks halfway through their journey: about 1.5 n.
     Chapter 7, All-to-All.
     """
     p, rank = comm.size, comm.rank
     # 1. sizes[s][t]: how many elements rank s sends rank t
-    sizes = torch.zeros(p * p, dtype=torch.int64, device=inputs[rank].device)
-    sizes[rank * p:(rank + 1) * p] = torch.tensor([t.numel() for t in inputs])
-    all_gather.bruck(comm, sizes)
-    sizes = sizes.view(p, p).tolist()
+    sizes = counts or _all_counts(comm, inputs)
     # 2. position i starts as my block for rank+i; position 0 never moves
     held = [inputs[(rank + i) % p] for i in range(p)]
     outputs[rank].copy_(inputs[rank])
@@ -97,6 +103,15 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks) -> None:
             else:
                 held[i] = part.clone()
         d *= 2
+
+
+def _all_counts(comm: Comm, inputs: Blocks) -> list[list[int]]:
+    """Every rank's element counts for every rank, by a Bruck all-gather."""
+    p, rank = comm.size, comm.rank
+    sizes = torch.zeros(p * p, dtype=torch.int64, device=inputs[rank].device)
+    sizes[rank * p:(rank + 1) * p] = torch.tensor([t.numel() for t in inputs])
+    all_gather.bruck(comm, sizes)
+    return sizes.view(p, p).tolist()
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {

@@ -37,7 +37,7 @@ def linear(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     Cost: ``(p-1)(alpha + n beta + n gamma)``.
     Chapter 3, Broadcast and Reduce.
     """
-    slots = segment_slots(buf, buf.numel())
+    slots = segment_slots(comm, buf, buf.numel())
     if comm.rank != root:
         # 1. everyone else sends its buffer to the root (and keeps it unchanged)
         reduce_step(comm, op, slots, send=(root, buf))
@@ -65,8 +65,10 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     node = tree.binomial(comm.rank, root, comm.size)
     # the root reduces into its buffer, a leaf just sends its own, and a rank in
     # between combines into a scratch copy, so that its buffer stays unchanged
-    acc = buf.clone() if node.parent is not None and node.children else buf
-    slots = segment_slots(buf, buf.numel())
+    acc = buf
+    if node.parent is not None and node.children:
+        acc = comm.scratch(buf.numel(), buf).copy_(buf)
+    slots = segment_slots(comm, buf, buf.numel())
     # 1. receive each child's partial result, nearest first, and combine it into mine
     for child in node.children:
         reduce_step(comm, op, slots, recv=(child.rank, acc))
@@ -97,7 +99,7 @@ def reduce_scatter_gather(comm: Comm, buf: torch.Tensor, op: object, root: int
     """
     p = comm.size
     # the root reduces into its buffer; everyone else into a scratch copy
-    work = buf if comm.rank == root else buf.clone()
+    work = buf if comm.rank == root else comm.scratch(buf.numel(), buf).copy_(buf)
     # 1. reduce-scatter: rank r ends with the reduction of block r
     if p & (p - 1) == 0:
         reduce_scatter.recursive_halving(comm, work, op)

@@ -28,14 +28,15 @@ segment costs a message's overhead (alpha): on a 2-core machine with gloo, 2 MiB
 segments did better than 512 KiB ones (Chapter 9 measures this on your machine)."""
 
 
-def segment_slots(buf: torch.Tensor, largest: int) -> list[torch.Tensor]:
+def segment_slots(comm: Comm, buf: torch.Tensor, largest: int
+                  ) -> list[torch.Tensor]:
     """Scratch for :func:`reduce_step`: one slot if a message of ``largest`` elements
     fits one segment, else two slots of one segment each.  Every rank must call this
     with the same ``largest`` so that all of them cut messages the same way."""
     per_segment = max(1, SEGMENT_BYTES // buf.element_size())
     count = max(1, -(-largest // per_segment))
     size = -(-largest // count)
-    return list(buf.new_empty(size * min(count, 2)).split(max(size, 1)))
+    return list(comm.scratch(size * min(count, 2), buf).split(max(size, 1)))
 
 
 def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
@@ -87,7 +88,7 @@ def ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     p, rank = comm.size, comm.rank
     left, right = (rank - 1) % p, (rank + 1) % p
     chunk = blocks(buf, p)
-    slots = segment_slots(buf, chunk[0].numel())
+    slots = segment_slots(comm, buf, chunk[0].numel())
     # 1. p-1 steps around the ring, each adding one more rank into one block
     for step in range(p - 1):
         reduce_step(comm, op, slots, send=(right, chunk[(rank - step - 1) % p]),
@@ -114,7 +115,7 @@ def recursive_halving(comm: Comm, buf: torch.Tensor, op: object) -> None:
     chunk = blocks(buf, p)
     folded = rank < 2 * (p - fold.pof2(p))
     halves = fold.vspan(buf, p, 0, fold.pof2(p) // 2).numel()  # the first halving
-    slots = segment_slots(buf, buf.numel() if p > fold.pof2(p) else halves)
+    slots = segment_slots(comm, buf, buf.numel() if p > fold.pof2(p) else halves)
     # 1. fold in: an even rank of a folded pair gives its whole buffer to rank+1
     if folded and rank % 2 == 0:
         reduce_step(comm, op, slots, send=(rank + 1, buf))
@@ -151,7 +152,7 @@ def pairwise(comm: Comm, buf: torch.Tensor, op: object) -> None:
     """
     p, rank = comm.size, comm.rank
     chunk = blocks(buf, p)
-    slots = segment_slots(buf, chunk[0].numel())
+    slots = segment_slots(comm, buf, chunk[0].numel())
     # 1. step i: my copy of block rank+i goes to its owner; rank-i's copy of mine comes
     for step in range(1, p):
         to, frm = (rank + step) % p, (rank - step) % p
