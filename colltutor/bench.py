@@ -201,6 +201,9 @@ def _track_memory() -> bool:
 
 def peak_extra(call: Callable[[], None]) -> int:
     """Bytes above the resident set that one call needed at its peak, worst rank."""
+    from colltutor import p2p
+
+    p2p.release_scratch()  # what the call needs, not what earlier calls left to reuse
     if not _track_memory():
         return -1
     before = _status("VmRSS")
