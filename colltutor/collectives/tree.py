@@ -35,10 +35,10 @@ class Node(NamedTuple):
     parent: int | None
     """The parent's rank in the group; ``None`` at the root."""
     children: list[Child]
-    """Nearest first: the order a reduction or gather hears from them (a broadcast
-    or scatter sends to them in the reverse order, farthest subtree first)."""
+    """The children, nearest first, the order in which a reduction or gather hears
+    from them (a broadcast or scatter sends to them in reverse, farthest first)."""
     lo: int
-    """This rank's vrank: the first vrank of its own subtree."""
+    """The first vrank of this rank's own subtree, which is its own vrank."""
     hi: int
     """One past the last vrank of its own subtree."""
 
