@@ -193,9 +193,21 @@ class Comm:
         Inside :func:`reusing_scratch` (every public collective runs there) the
         memory is kept from the previous collective on this thread: touching fresh
         memory costs a page fault per 4 KiB, which on a small machine takes as long
-        as sending the data (Chapter 9, "Memory").  Outside it, fresh memory.
+        as sending the data (Chapter 9, "Memory").  Outside it, fresh memory:
+        ``like.new_empty(numel)``.
         """
-        return scratch(numel, like)
+        state = _scratch.__dict__
+        if not state.get("active"):
+            return like.new_empty(numel)
+        key = (like.device, state["next"])
+        state["next"] += 1
+        nbytes = numel * like.element_size()
+        raw = state["buffers"].get(key)
+        if raw is None or raw.numel() < nbytes:
+            state["buffers"][key] = None  # free the old one first
+            raw = state["buffers"][key] = torch.empty(nbytes, dtype=torch.uint8,
+                                                      device=like.device)
+        return raw[:nbytes].view(like.dtype)
 
     def _start(self, fn: Callable, tensor: torch.Tensor, peer: int):
         return fn(tensor, self.global_ranks[peer], group=self.group, tag=self.tag)
@@ -241,7 +253,7 @@ _scratch = threading.local()
 
 @contextlib.contextmanager
 def reusing_scratch() -> Iterator[None]:
-    """Let :func:`scratch` hand out the buffers of the previous collective that ran
+    """Let :meth:`Comm.scratch` hand out the buffers of the previous collective that ran
     on this thread: the i-th request of a collective gets the i-th buffer, grown when
     too small.  The buffers stay allocated (the largest message's worth of extra
     memory per rank and thread) until :func:`release_scratch`."""
@@ -255,22 +267,6 @@ def reusing_scratch() -> Iterator[None]:
         yield
     finally:
         state["active"] = False
-
-
-def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
-    """``like.new_empty(numel)``, from reused memory inside :func:`reusing_scratch`."""
-    state = _scratch.__dict__
-    if not state.get("active"):
-        return like.new_empty(numel)
-    key = (like.device, state["next"])
-    state["next"] += 1
-    nbytes = numel * like.element_size()
-    raw = state["buffers"].get(key)
-    if raw is None or raw.numel() < nbytes:
-        state["buffers"][key] = None  # free the old one first
-        raw = state["buffers"][key] = torch.empty(nbytes, dtype=torch.uint8,
-                                                  device=like.device)
-    return raw[:nbytes].view(like.dtype)
 
 
 def release_scratch() -> None:

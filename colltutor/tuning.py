@@ -43,12 +43,13 @@ BY_SIZE: dict[tuple[str, int], list[tuple[int | None, str]]] = {
 """Rows for one world size that replace the collective's :data:`DEFAULTS` rows.  On
 two ranks scatter + all-gather sends the same bytes as the tree in two steps
 instead of one (2 alpha + n beta against alpha + n beta): measured at 16 MiB with
-gloo, 15 ms against 5-8 ms.  Up to 4 ranks the tree also wins for reduce, and on
-3-4 ranks for both: when all ranks share a few cores (a laptop, this course's
-2-core machine), the time follows the bytes copied by all ranks together, which
-the tree keeps at ``(p-1) n`` against about ``2 (p-1) n`` for the two-phase
-algorithms, rather than the busiest link's bytes (Chapter 9: 16 MiB reduce on 4
-ranks, 23 ms against 31 ms; on 2 ranks, 7 ms against 11 ms)."""
+gloo, 15 ms against 5-8 ms.  Measured on 2 and 4 ranks, the tree also wins for
+reduce, and on 4 ranks for both (3 ranks follow by the same argument): when all
+ranks share a few cores (a laptop, this course's 2-core machine), the time
+follows the bytes copied by all ranks together, which the tree keeps at
+``(p-1) n`` against about ``2 (p-1) n`` for the two-phase algorithms, rather than
+the busiest link's bytes (Chapter 9: 16 MiB reduce on 4 ranks, 23 ms against
+31 ms; on 2 ranks, 7 ms against 11 ms)."""
 
 USER_TABLE = Path("~/.config/colltutor/tuning.json")
 """Where ``bench --fit --write`` puts a re-fitted table; ``$COLLTUTOR_TUNING`` (a

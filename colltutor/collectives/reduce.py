@@ -49,6 +49,7 @@ def linear(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     # 3. AVG divides the finished sum once
     ops.finish(op, buf, comm.size)
 
+
 @algorithm
 def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     """Reduce up a binomial tree: the mirror image of the binomial broadcast.
@@ -78,6 +79,7 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     else:
         # 3. the root's result is complete: AVG divides the finished sum once
         ops.finish(op, acc, comm.size)
+
 
 @algorithm
 def reduce_scatter_gather(comm: Comm, buf: torch.Tensor, op: object, root: int
