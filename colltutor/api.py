@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from colltutor import checks, collectives, ops, tuning
-from colltutor.p2p import Comm, Pending, blocks, reusing_scratch
+from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
@@ -126,9 +126,7 @@ point-to-point messages of the same pair (gloo matches by peer and tag)."""
 
 
 def _is_member(group: ProcessGroup) -> bool:
-    return group is dist.group.WORLD or dist.get_rank() in dist.get_process_group_ranks(
-        group
-    )
+    return membership(group).rank >= 0
 
 
 def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | None,
@@ -137,13 +135,17 @@ def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | 
     group = group if group is not None else dist.group.WORLD
     if rank is not None and group_rank is not None:
         raise ValueError(f"pass {name} or group_{name}, not both")
-    size = dist.get_world_size(group)
+    ranks = membership(group).global_ranks
+    size = len(ranks)
     if group_rank is None:
         if rank is None:
             if group is not dist.group.WORLD:
                 raise ValueError(f"{name} or group_{name} is required")
             rank = 0
-        group_rank = dist.get_group_rank(group, rank)
+        if rank not in ranks:
+            raise ValueError(f"{name} rank {rank} is not in a group of {size} ranks "
+                             f"(global ranks {', '.join(map(str, ranks))})")
+        group_rank = ranks.index(rank)
     if not 0 <= group_rank < size:
         raise ValueError(f"{name} rank {group_rank} is not in a group of {size} ranks")
     return group_rank
@@ -255,8 +257,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     """Collect every rank's ``tensor`` into ``gather_list`` on ``dst`` (Chapter 4)."""
     root = _group_rank(group, dst, group_dst, "dst")
     mine = _flat(tensor)
-    size = dist.get_world_size(group)
-    is_root = dist.get_group_rank(group or dist.group.WORLD, dist.get_rank()) == root
+    size = membership(group).size
+    is_root = membership(group).rank == root
     if is_root:
         _check_list(gather_list, size, tensor, "gather_list")
 
@@ -264,8 +266,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
         # receive straight into gather_list when it is one buffer cut in order
         whole = _joined(gather_list) if is_root else None
         buf = whole if whole is not None else comm.scratch(size * mine.numel(), mine)
-        blocks(buf, size)[comm.rank].copy_(mine)
-        _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root)
+        _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root, mine)
         if is_root and whole is None:
             for out, block in zip(gather_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
@@ -281,8 +282,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     """Give rank ``i`` the tensor ``scatter_list[i]`` of ``src`` (Chapter 4)."""
     root = _group_rank(group, src, group_src, "src")
     mine = _flat(tensor)
-    size = dist.get_world_size(group)
-    is_root = dist.get_group_rank(group or dist.group.WORLD, dist.get_rank()) == root
+    size = membership(group).size
+    is_root = membership(group).rank == root
     if is_root:
         _check_list(scatter_list, size, tensor, "scatter_list")
 
@@ -294,8 +295,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
                                 out=comm.scratch(size * mine.numel(), mine))
         else:
             buf = comm.scratch(size * mine.numel(), mine)
-        _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root)
-        mine.copy_(blocks(buf, size)[comm.rank])
+        _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root, mine)
 
     return _launch(group, async_op, body)
 
@@ -323,7 +323,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            *, algorithm: str | None = None):
     """Concatenate every rank's ``input_tensor`` into ``output_tensor`` (Chapter 5)."""
     out, mine = _flat(output_tensor, "output_tensor"), _flat(input_tensor, "input")
-    size = dist.get_world_size(group)
+    size = membership(group).size
     _check_sizes(out, mine, size, "output_tensor", "input_tensor")
 
     def body(comm: Comm) -> None:
@@ -338,7 +338,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: ProcessGroup | None = None, async_op: bool = False, *,
                algorithm: str | None = None):
     """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` everywhere (Chapter 5)."""
-    size = dist.get_world_size(group)
+    size = membership(group).size
     _check_list(tensor_list, size, tensor, "tensor_list")
     mine = _flat(tensor)
 
@@ -362,7 +362,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """Reduce ``input`` over ranks and give rank ``i`` the ``i``-th block of the
     result, in ``output`` (Chapter 5)."""
     out, full = _flat(output, "output"), _flat(input, "input")
-    size = dist.get_world_size(group)
+    size = membership(group).size
     _check_sizes(full, out, size, "input", "output")
     ops.validate(op, full.dtype)
     return _reduce_scatter_into(out, [full], op, group, async_op, algorithm)
@@ -375,7 +375,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                    algorithm: str | None = None):
     """``reduce_scatter_tensor`` with the input given as a list of blocks
     (Chapter 5)."""
-    size = dist.get_world_size(group)
+    size = membership(group).size
     _check_list(input_list, size, output, "input_list")
     out = _flat(output, "output")
     ops.validate(op, out.dtype)
@@ -402,7 +402,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor],
                algorithm: str | None = None):
     """Rank ``r`` sends ``input_tensor_list[s]`` to rank ``s``, which receives it in
     ``output_tensor_list[r]`` (Chapter 7)."""
-    size = dist.get_world_size(group)
+    size = membership(group).size
     for what, tensors in (("output_tensor_list", output_tensor_list),
                           ("input_tensor_list", input_tensor_list)):
         if len(tensors) != size:
@@ -420,7 +420,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       algorithm: str | None = None):
     """``all_to_all`` on one tensor split along dim 0, evenly or by split sizes
     (Chapter 7)."""
-    size = dist.get_world_size(group)
+    size = membership(group).size
     outputs = _split(output, output_split_sizes, size, "output")
     inputs = _split(input, input_split_sizes, size, "input")
     uneven = bool(output_split_sizes or input_split_sizes)

@@ -25,7 +25,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -103,6 +103,36 @@ class PeerLostError(RuntimeError):
         )
 
 
+_CPU = torch.device("cpu")
+
+
+class Membership(NamedTuple):
+    """This process's place in a group, as ``torch.distributed`` reports it."""
+
+    rank: int
+    """The group rank; -1 when this process is not a member."""
+    size: int
+    backend: str
+    global_ranks: list[int]
+    """Group rank -> global rank."""
+
+
+_groups: dict[dist.ProcessGroup, Membership] = {}
+
+
+def membership(group: dist.ProcessGroup | None = None) -> Membership:
+    """This process's :class:`Membership` of ``group`` (default: the world), asked
+    of ``torch.distributed`` once per group: on small messages a collective spent
+    more time asking than sending.  Holding the group keeps its id unique."""
+    group = group if group is not None else dist.group.WORLD
+    if group not in _groups:
+        ranks = dist.get_process_group_ranks(group)
+        rank = ranks.index(dist.get_rank()) if dist.get_rank() in ranks else -1
+        backend = str(dist.get_backend(group)).lower() if rank >= 0 else ""
+        _groups[group] = Membership(rank, len(ranks), backend, ranks)
+    return _groups[group]
+
+
 class Comm:
     """A process group as one rank sees it: ``rank``, ``size`` and ``exchange``.
 
@@ -112,14 +142,11 @@ class Comm:
 
     def __init__(self, group: dist.ProcessGroup | None = None, tag: int = 0) -> None:
         self.group = group if group is not None else dist.group.WORLD
-        self.rank = dist.get_rank(self.group)
-        self.size = dist.get_world_size(self.group)
-        self.backend = str(dist.get_backend(self.group)).lower()
+        self.rank, self.size, self.backend, self.global_ranks = membership(self.group)
         self.tag = tag
-        self.global_ranks = dist.get_process_group_ranks(self.group)
         # where this backend's messages live: the rank's own GPU for NCCL, else CPU
         self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if self.backend == "nccl" else torch.device("cpu"))
+                       if self.backend == "nccl" else _CPU)
         self.phases: list[str] = []
         self.steps = 0
         self.observers = _observers.get()
@@ -152,8 +179,8 @@ class Comm:
                 ops += [self._op(dist.isend, t, peer) for peer, t in sends]
                 works = dist.batch_isend_irecv(ops) if ops else []
             else:
-                works = [self._start(dist.irecv, t, peer) for peer, t in recvs]
-                works += [self._start(dist.isend, t, peer) for peer, t in sends]
+                works = [self._start(self.group.recv, t, peer) for peer, t in recvs]
+                works += [self._start(self.group.send, t, peer) for peer, t in sends]
         except RuntimeError as error:  # a peer already gone
             peers = [peer for peer, _ in recvs + sends]
             raise PeerLostError(self, self.steps, self.phase, peers, error) from error
@@ -210,7 +237,10 @@ class Comm:
         return raw[:nbytes].view(like.dtype)
 
     def _start(self, fn: Callable, tensor: torch.Tensor, peer: int):
-        return fn(tensor, self.global_ranks[peer], group=self.group, tag=self.tag)
+        # what dist.isend / dist.irecv do once their arguments are checked
+        if tensor.is_complex():
+            tensor = torch.view_as_real(tensor)
+        return fn([tensor], peer, self.tag)
 
     def _op(self, fn: Callable, tensor: torch.Tensor, peer: int) -> dist.P2POp:
         return dist.P2POp(fn, tensor, self.global_ranks[peer], self.group, self.tag)
@@ -226,24 +256,31 @@ class Comm:
 
 @functools.cache
 def place_threads(pid: int, rank: int, world_size: int) -> None:
-    """Keep gloo's I/O thread off the CPU of the thread that posts messages, when
-    the ranks have fewer cores than two busy threads each (Chapter 9, "Threads").
+    """Put every rank's posting thread on one half of the CPUs and gloo's I/O
+    threads on the other half, when the ranks have fewer cores than two busy
+    threads each (Chapter 9, "Threads").
 
-    gloo's event loop thread skips a connection it cannot lock and retries at once.
-    When it wakes on the CPU of the thread that holds that lock (posting a message),
-    it preempts that thread and spins until the scheduler's next tick: about 4 ms a
-    message on a loaded 2-core machine, where native collectives lose nothing.  On
-    two different CPUs the threads cannot collide that way.  Once per process;
+    gloo's I/O thread handles a connection holding that connection's lock, and the
+    thread that posts a message needs the same lock.  Two collisions cost a
+    scheduler time slice each on a small machine, where native collectives lose
+    nothing: an I/O thread that finds the lock taken retries at once, so on the CPU
+    of the thread holding it, it preempts that thread and spins (about 4 ms a
+    message on a loaded 2-core machine); and an I/O thread preempted by another
+    rank's Python, holding a lock, stalls the rank that posts next (an exchange of
+    1 KiB on two ranks took 1 ms instead of 0.4 ms).  With posting threads and I/O
+    threads on different CPUs neither happens: an I/O thread only ever waits for
+    other I/O threads, which hold a lock for microseconds.  Once per process;
     ``COLLTUTOR_PIN=0`` turns it off."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not 2 <= len(cpus) < 2 * world_size or os.environ.get("COLLTUTOR_PIN") == "0":
         return
-    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})  # this thread only
+    posting, io = cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]
+    os.sched_setaffinity(0, {posting[rank % len(posting)]})  # this thread only
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() == "gloo_tcp_loop":
-                    os.sched_setaffinity(int(tid), {cpus[(rank + 1) % len(cpus)]})
+                    os.sched_setaffinity(int(tid), {io[rank % len(io)]})
         except OSError:  # the thread has gone
             pass
 
@@ -251,22 +288,23 @@ def place_threads(pid: int, rank: int, world_size: int) -> None:
 _scratch = threading.local()
 
 
-@contextlib.contextmanager
-def reusing_scratch() -> Iterator[None]:
+class reusing_scratch:  # noqa: N801 (used like a function: ``with reusing_scratch():``)
     """Let :meth:`Comm.scratch` hand out the buffers of the previous collective that ran
     on this thread: the i-th request of a collective gets the i-th buffer, grown when
     too small.  The buffers stay allocated (the largest message's worth of extra
-    memory per rank and thread) until :func:`release_scratch`."""
-    state = _scratch.__dict__
-    if state.get("active"):  # already inside one: its buffers are in use
-        yield
-        return
-    state.setdefault("buffers", {})
-    state["next"], state["active"] = 0, True
-    try:
-        yield
-    finally:
-        state["active"] = False
+    memory per rank and thread) until :func:`release_scratch`.  A class rather than a
+    generator: it runs on every collective, where microseconds count."""
+
+    def __enter__(self) -> None:
+        state = _scratch.__dict__
+        self.outer = not state.get("active")  # inside another: its buffers are in use
+        if self.outer:
+            state.setdefault("buffers", {})
+            state["next"], state["active"] = 0, True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outer:
+            _scratch.__dict__["active"] = False
 
 
 def release_scratch() -> None:

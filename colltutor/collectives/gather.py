@@ -1,9 +1,13 @@
 """Gather: every rank's block ends up in the root's buffer.
 
-Every algorithm has the signature ``fn(comm, buf, root)``.  ``buf`` holds ``p``
-blocks on every rank (``blocks(buf, p)``); on entry a rank's own block is valid;
-on exit the root's buffer holds every rank's block.  Other ranks' buffers are
-scratch (the binomial tree collects a subtree's blocks there on the way up).
+Every algorithm has the signature ``fn(comm, buf, root, mine=None)``.  ``buf``
+holds ``p`` blocks on every rank (``blocks(buf, p)``); on entry this rank's own
+block is ``mine``, or, when ``mine`` is None, its block of ``buf``; on exit the
+root's buffer holds every rank's block.  Other ranks' buffers are scratch (the
+binomial tree collects a subtree's blocks there on the way up).  A rank sends
+``mine`` straight from where it is whenever its message is its block alone, and
+copies it into ``buf`` only where a message must carry it together with other
+blocks.
 
 Chapter 4 of the book ("Scatter and Gather") walks through both algorithms.
 """
@@ -15,12 +19,13 @@ from collections.abc import Callable
 import torch
 
 from colltutor.collectives import tree
-from colltutor.collectives.scatter import relative_span
+from colltutor.collectives.scatter import place, relative_span
 from colltutor.p2p import Comm, algorithm, blocks
 
 
 @algorithm
-def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
+def linear(comm: Comm, buf: torch.Tensor, root: int,
+           mine: torch.Tensor | None = None) -> None:
     """Gather in one step: every rank sends its block straight to the root.
 
     Steps: 1 (the root posts ``p - 1`` receives at once, each straight into the
@@ -29,22 +34,25 @@ def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
     Chapter 4, Scatter and Gather.
     """
     parts = blocks(buf, comm.size)
+    mine = parts[comm.rank] if mine is None else mine
     if comm.rank == root:
-        # 1. the root receives block r from rank r
+        # 1. the root receives block r from rank r, and keeps its own
         comm.exchange(recvs=[(r, parts[r]) for r in range(comm.size) if r != root])
+        place(parts[root], mine)
     else:
         # 1. everyone else sends its own block
-        comm.exchange(sends=[(root, parts[comm.rank])])
+        comm.exchange(sends=[(root, mine)])
 
 
 @algorithm
-def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
+def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
+                  mine: torch.Tensor | None = None) -> None:
     """Gather up a binomial tree: the mirror image of the binomial scatter.
 
     In relative ranks (``vrank = (rank - root) % p``, root = 0; see
     :mod:`~colltutor.collectives.tree`) a rank receives from each child, nearest
     first, the blocks of the child's subtree, then sends everything it has collected
-    (its own subtree) to its parent.
+    (its own subtree) to its parent; a leaf's subtree is its own block.
     Steps: ``ceil(lg p)``.  Bytes: the root receives ``(p-1)/p n`` in total, the
     message size doubling each step.  Cost: ``lg p alpha + ((p-1)/p) n beta``.
     A subtree whose blocks wrap past rank ``p - 1`` travels as two messages.
@@ -52,14 +60,19 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """
     p = comm.size
     node = tree.binomial(comm.rank, root, p)
+    own = blocks(buf, p)[comm.rank]
+    # 0. my block goes where my subtree's message will carry it (a leaf sends it as is)
+    if mine is not None and (node.children or node.parent is None):
+        place(own, mine)
     # 1. receive each child's subtree straight into its blocks, the nearest first
     for child in node.children:
         theirs = relative_span(buf, p, root, child.lo, child.hi)
         comm.exchange(recvs=[(child.rank, t) for t in theirs])
     # 2. send my collected subtree to my parent (the root is done)
     if node.parent is not None:
-        mine = relative_span(buf, p, root, node.lo, node.hi)
-        comm.exchange(sends=[(node.parent, t) for t in mine])
+        subtree = (relative_span(buf, p, root, node.lo, node.hi)
+                   if node.children or mine is None else [mine])
+        comm.exchange(sends=[(node.parent, t) for t in subtree])
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {

@@ -1,9 +1,12 @@
 """Scatter: the root hands block ``r`` of its buffer to rank ``r``.
 
-Every algorithm has the signature ``fn(comm, buf, root)``.  On entry the root's
-``buf`` holds ``p`` blocks (``blocks(buf, p)``, sizes differing by at most one
-element); on exit every rank's own block equals the root's block for it.  The rest
-of a non-root buffer is scratch; the root's buffer is left unchanged.
+Every algorithm has the signature ``fn(comm, buf, root, mine=None)``.  On entry
+the root's ``buf`` holds ``p`` blocks (``blocks(buf, p)``, sizes differing by at
+most one element); on exit every rank's own block, ``mine`` or, when ``mine`` is
+None, its block of ``buf``, equals the root's block for it.  The rest of a non-root
+buffer is scratch; the root's buffer is left unchanged.  A rank receives straight
+into ``mine`` whenever its message is its block alone, and goes through ``buf``
+only where a message carries its block together with others.
 
 Chapter 4 of the book ("Scatter and Gather") walks through both algorithms.
 """
@@ -36,7 +39,8 @@ def relative_span(buf: torch.Tensor, p: int, root: int, lo: int, hi: int
 
 
 @algorithm
-def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
+def linear(comm: Comm, buf: torch.Tensor, root: int,
+           mine: torch.Tensor | None = None) -> None:
     """Scatter in one step: the root sends every block straight to its owner.
 
     Steps: 1 (the root posts ``p - 1`` sends at once).  Bytes: the root sends
@@ -45,22 +49,26 @@ def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
     Chapter 4, Scatter and Gather.
     """
     parts = blocks(buf, comm.size)
+    mine = parts[comm.rank] if mine is None else mine
     if comm.rank == root:
-        # 1. the root sends block r to rank r
+        # 1. the root sends block r to rank r, and keeps its own
         comm.exchange(sends=[(r, parts[r]) for r in range(comm.size) if r != root])
+        place(mine, parts[root])
     else:
         # 1. everyone else receives its own block
-        comm.exchange(recvs=[(root, parts[comm.rank])])
+        comm.exchange(recvs=[(root, mine)])
 
 
 @algorithm
-def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
+def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
+                  mine: torch.Tensor | None = None) -> None:
     """Scatter down a binomial tree: each rank halves the blocks it holds.
 
     In relative ranks (``vrank = (rank - root) % p``, root = 0; see
     :mod:`~colltutor.collectives.tree`) a rank receives its whole subtree's blocks
     from its parent, then gives each child the blocks of the child's subtree: the
-    upper half of what it holds, then the upper half of the rest, and so on.
+    upper half of what it holds, then the upper half of the rest, and so on; a
+    leaf's subtree is its own block.
     Steps: ``ceil(lg p)``.  Bytes: the root sends ``(p-1)/p n`` in total, halving
     each step.  Cost: ``lg p alpha + ((p-1)/p) n beta``.  A subtree whose blocks
     wrap past rank ``p - 1`` travels as two messages (see :func:`relative_span`).
@@ -70,12 +78,22 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     node = tree.binomial(comm.rank, root, p)
     # 1. receive my subtree's blocks from my parent (the root has them already)
     if node.parent is not None:
-        mine = relative_span(buf, p, root, node.lo, node.hi)
-        comm.exchange(recvs=[(node.parent, t) for t in mine])
+        subtree = (relative_span(buf, p, root, node.lo, node.hi)
+                   if node.children or mine is None else [mine])
+        comm.exchange(recvs=[(node.parent, t) for t in subtree])
     # 2. hand each child its subtree's blocks, the farthest subtree first
     for child in reversed(node.children):
         theirs = relative_span(buf, p, root, child.lo, child.hi)
         comm.exchange(sends=[(child.rank, t) for t in theirs])
+    # 3. my block, where the caller wants it (a leaf received it there)
+    if mine is not None and (node.children or node.parent is None):
+        place(mine, blocks(buf, p)[comm.rank])
+
+
+def place(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst`` unless they are already the same memory."""
+    if dst.data_ptr() != src.data_ptr() or dst.numel() != src.numel():
+        dst.copy_(src)
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {
