@@ -36,9 +36,10 @@ def linear(comm: Comm, buf: torch.Tensor, root: int,
     parts = blocks(buf, comm.size)
     mine = parts[comm.rank] if mine is None else mine
     if comm.rank == root:
-        # 1. the root receives block r from rank r, and keeps its own
-        comm.exchange(recvs=[(r, parts[r]) for r in range(comm.size) if r != root])
+        # 1. the root receives block r from rank r, and keeps its own while they travel
+        step = comm.post(recvs=[(r, parts[r]) for r in range(comm.size) if r != root])
         place(parts[root], mine)
+        step.wait()
     else:
         # 1. everyone else sends its own block
         comm.exchange(sends=[(root, mine)])

@@ -51,9 +51,10 @@ def linear(comm: Comm, buf: torch.Tensor, root: int,
     parts = blocks(buf, comm.size)
     mine = parts[comm.rank] if mine is None else mine
     if comm.rank == root:
-        # 1. the root sends block r to rank r, and keeps its own
-        comm.exchange(sends=[(r, parts[r]) for r in range(comm.size) if r != root])
+        # 1. the root sends block r to rank r, and keeps its own while they travel
+        step = comm.post(sends=[(r, parts[r]) for r in range(comm.size) if r != root])
         place(mine, parts[root])
+        step.wait()
     else:
         # 1. everyone else receives its own block
         comm.exchange(recvs=[(root, mine)])
