@@ -24,6 +24,7 @@ import contextvars
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
@@ -117,13 +118,16 @@ class Membership(NamedTuple):
     """Group rank -> global rank."""
 
 
-_groups: dict[dist.ProcessGroup, Membership] = {}
+_groups: weakref.WeakKeyDictionary[dist.ProcessGroup, Membership] = (
+    weakref.WeakKeyDictionary())
 
 
 def membership(group: dist.ProcessGroup | None = None) -> Membership:
     """This process's :class:`Membership` of ``group`` (default: the world), asked
     of ``torch.distributed`` once per group: on small messages a collective spent
-    more time asking than sending.  Holding the group keeps its id unique."""
+    more time asking than sending.  The table holds its groups weakly: a group that
+    ``destroy_process_group`` lets go of must not live on (gloo's threads would
+    then be torn down at interpreter exit, where they can hang)."""
     group = group if group is not None else dist.group.WORLD
     if group not in _groups:
         ranks = dist.get_process_group_ranks(group)
@@ -258,19 +262,19 @@ class Comm:
 def place_threads(pid: int, rank: int, world_size: int) -> None:
     """Put every rank's posting thread on one half of the CPUs and gloo's I/O
     threads on the other half, when the ranks have fewer cores than two busy
-    threads each (Chapter 9, "Threads").
+    threads each (Chapter 9, "Against native gloo").
 
-    gloo's I/O thread handles a connection holding that connection's lock, and the
-    thread that posts a message needs the same lock.  Two collisions cost a
-    scheduler time slice each on a small machine, where native collectives lose
-    nothing: an I/O thread that finds the lock taken retries at once, so on the CPU
-    of the thread holding it, it preempts that thread and spins (about 4 ms a
-    message on a loaded 2-core machine); and an I/O thread preempted by another
-    rank's Python, holding a lock, stalls the rank that posts next (an exchange of
-    1 KiB on two ranks took 1 ms instead of 0.4 ms).  With posting threads and I/O
-    threads on different CPUs neither happens: an I/O thread only ever waits for
-    other I/O threads, which hold a lock for microseconds.  Once per process;
-    ``COLLTUTOR_PIN=0`` turns it off."""
+    A rank's posting thread and gloo's I/O thread both take a connection's lock:
+    the one to post a message, the other to read or write the socket.  On a small
+    machine two collisions cost a scheduler time slice each, where native
+    collectives lose nothing.  An I/O thread that finds the lock taken retries at
+    once, so on the CPU of the thread holding it, it preempts that thread and spins
+    (about 4 ms a message on a loaded 2-core machine); and an I/O thread holding the
+    lock, preempted by another rank's Python, stalls the rank that posts next (a
+    1 KiB exchange on two ranks took about 1 ms instead of 0.3 ms).  With posting
+    threads and I/O threads on different CPUs neither happens: an I/O thread only
+    ever waits for other I/O threads, which hold a lock for microseconds.  Once per
+    process; ``COLLTUTOR_PIN=0`` turns it off."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not 2 <= len(cpus) < 2 * world_size or os.environ.get("COLLTUTOR_PIN") == "0":
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -101,6 +102,14 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def _stop(node: subprocess.Popen) -> None:
+    """Kill a host's torchrun and the ranks it started (one process group)."""
+    try:
+        os.killpg(node.pid, signal.SIGKILL)
+    except ProcessLookupError:  # all gone already
+        pass
+
+
 def test_all_reduce_and_all_to_all_across_two_hosts(two_hosts, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -114,11 +123,19 @@ def test_all_reduce_and_all_to_all_across_two_hosts(two_hosts, tmp_path):
                  "torch.distributed.run", "--nnodes", "2", "--node-rank",
                  str(node_rank), "--nproc-per-node", "2", "--master-addr", master,
                  "--master-port", str(PORT), str(script)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                start_new_session=True))  # torchrun and its ranks: one group to stop
         outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            _stop(node)
+        told = [f"--- host {i} ---\n{node.communicate()[0]}"
+                for i, node in enumerate(nodes)]
+        pytest.fail("the two hosts did not finish within 240 s; they printed:\n"
+                    + "\n".join(told))
     finally:
         for node in nodes:
-            node.kill()
+            _stop(node)
             node.wait()
     for node, output in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, output
