@@ -257,8 +257,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     """Collect every rank's ``tensor`` into ``gather_list`` on ``dst`` (Chapter 4)."""
     root = _group_rank(group, dst, group_dst, "dst")
     mine = _flat(tensor)
-    size = membership(group).size
-    is_root = membership(group).rank == root
+    me = membership(group)
+    size, is_root = me.size, me.rank == root
     if is_root:
         _check_list(gather_list, size, tensor, "gather_list")
 
@@ -282,8 +282,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     """Give rank ``i`` the tensor ``scatter_list[i]`` of ``src`` (Chapter 4)."""
     root = _group_rank(group, src, group_src, "src")
     mine = _flat(tensor)
-    size = membership(group).size
-    is_root = membership(group).rank == root
+    me = membership(group)
+    size, is_root = me.size, me.rank == root
     if is_root:
         _check_list(scatter_list, size, tensor, "scatter_list")
 

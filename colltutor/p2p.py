@@ -155,7 +155,8 @@ class Comm:
         self.steps = 0
         self.observers = _observers.get()
         if self.backend == "gloo":
-            place_threads(os.getpid(), dist.get_rank(), dist.get_world_size())
+            world = membership(None)
+            place_threads(os.getpid(), world.rank, world.size)
 
     @property
     def batched(self) -> bool:

@@ -61,18 +61,17 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
     """
     p = comm.size
     node = tree.binomial(comm.rank, root, p)
-    own = blocks(buf, p)[comm.rank]
     # 0. my block goes where my subtree's message will carry it (a leaf sends it as is)
-    if mine is not None and (node.children or node.parent is None):
-        place(own, mine)
+    if mine is not None and not node.leaf:
+        place(blocks(buf, p)[comm.rank], mine)
     # 1. receive each child's subtree straight into its blocks, the nearest first
     for child in node.children:
         theirs = relative_span(buf, p, root, child.lo, child.hi)
         comm.exchange(recvs=[(child.rank, t) for t in theirs])
     # 2. send my collected subtree to my parent (the root is done)
     if node.parent is not None:
-        subtree = (relative_span(buf, p, root, node.lo, node.hi)
-                   if node.children or mine is None else [mine])
+        subtree = ([mine] if node.leaf and mine is not None
+                   else relative_span(buf, p, root, node.lo, node.hi))
         comm.exchange(sends=[(node.parent, t) for t in subtree])
 
 

@@ -79,15 +79,15 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
     node = tree.binomial(comm.rank, root, p)
     # 1. receive my subtree's blocks from my parent (the root has them already)
     if node.parent is not None:
-        subtree = (relative_span(buf, p, root, node.lo, node.hi)
-                   if node.children or mine is None else [mine])
+        subtree = ([mine] if node.leaf and mine is not None
+                   else relative_span(buf, p, root, node.lo, node.hi))
         comm.exchange(recvs=[(node.parent, t) for t in subtree])
     # 2. hand each child its subtree's blocks, the farthest subtree first
     for child in reversed(node.children):
         theirs = relative_span(buf, p, root, child.lo, child.hi)
         comm.exchange(sends=[(child.rank, t) for t in theirs])
     # 3. my block, where the caller wants it (a leaf received it there)
-    if mine is not None and (node.children or node.parent is None):
+    if mine is not None and not node.leaf:
         place(mine, blocks(buf, p)[comm.rank])
 
 

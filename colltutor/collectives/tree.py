@@ -42,6 +42,11 @@ class Node(NamedTuple):
     hi: int
     """One past the last vrank of its own subtree."""
 
+    @property
+    def leaf(self) -> bool:
+        """A rank below the root with no children: its subtree is its own block."""
+        return self.parent is not None and not self.children
+
 
 def binomial(rank: int, root: int, p: int) -> Node:
     """``rank``'s parent, children and subtree in the binomial tree rooted at
