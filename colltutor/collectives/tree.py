@@ -44,7 +44,8 @@ class Node(NamedTuple):
 
     @property
     def leaf(self) -> bool:
-        """A rank below the root with no children: its subtree is its own block."""
+        """Whether this rank is below the root and has no children (then its
+        subtree is its own block alone)."""
         return self.parent is not None and not self.children
 
 
