@@ -386,11 +386,16 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
 def _reduce_scatter_into(out: torch.Tensor, inputs: list[torch.Tensor], op, group,
                          async_op: bool, algorithm: str | None):
     def body(comm: Comm) -> None:
-        # the algorithms reduce in place: they work on a copy of the input
-        buf = comm.scratch(sum(t.numel() for t in inputs), out)
-        torch.cat(inputs, out=buf)
-        _pick("reduce_scatter", algorithm, _nbytes(buf), comm.size)(comm, buf, op)
-        out.copy_(blocks(buf, comm.size)[comm.rank])
+        fn = _pick("reduce_scatter", algorithm, _nbytes(out) * comm.size, comm.size)
+        whole = _joined(inputs)
+        work = comm.scratch(sum(t.numel() for t in inputs), out)
+        if whole is not None:
+            # out of place: the input stays as it is, partial results go to work
+            fn(comm, whole, op, work)
+        else:
+            # blocks that are not one buffer are joined, and reduced in place there
+            fn(comm, torch.cat(inputs, out=work), op)
+        out.copy_(blocks(work, comm.size)[comm.rank])
 
     return _launch(group, async_op, body)
 

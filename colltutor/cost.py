@@ -104,20 +104,20 @@ def _fold_roles(p: int) -> Callable[[int], str]:
 # -- building blocks that several collectives compose -------------------------
 
 def _halving(p: int, n: int, b: int) -> PerRank:
-    """reduce_scatter.recursive_halving: fold in (even ranks send all n), halving
-    (virtual rank v sends everything but its own virtual block), fold out (odd ranks
-    hand back one block).  Rounds: lg p, +2 with a fold."""
+    """reduce_scatter.recursive_halving: fold in (even ranks send all n, in two
+    halves), halving (virtual rank v sends everything but its own virtual block),
+    fold out (odd ranks hand back one block).  Rounds: lg p, +3 with a fold."""
     q, role = pof2(p), _fold_roles(p)
     from colltutor.collectives.fold import virtual
 
     def rank(r: int) -> tuple[int, int]:
         if role(r) == "even":
-            return 1, n
+            return 2, n
         v = virtual(r, p)
         sent = n - _vblocks(v, p) * b
         return (lg(q) + 1, sent + b) if role(r) == "odd" else (lg(q), sent)
 
-    return lg(q) + (2 if p != q else 0), _rank_list(p, rank)
+    return lg(q) + (3 if p != q else 0), _rank_list(p, rank)
 
 
 def _doubling(p: int, n: int, b: int) -> PerRank:
@@ -195,7 +195,8 @@ def _table() -> dict[str, dict[str, Callable[[int, int, int], PerRank]]]:
         "all_reduce": {
             "reduce_broadcast": lambda p, n, b: _then(_tree_up(p, n, whole=True),
                                                       _tree_down(p, n, whole=True)),
-            "naive_ring": lambda p, n, b: _uniform(p - 1, p, p - 1, (p - 1) * n),
+            "naive_ring": lambda p, n, b: _uniform(2 * (p - 1), p, 2 * (p - 1),
+                                                   (p - 1) * n),
             "ring": lambda p, n, b: _uniform(2 * (p - 1), p, 2 * (p - 1),
                                              2 * (p - 1) * b),
             "recursive_doubling": lambda p, n, b: _whole_doubling(p, n),
@@ -318,14 +319,14 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
         },
         "all_reduce": {
             "reduce_broadcast": lambda p, n: (2 * lg(p), 2 * lg(p) * n, lg(p) * n),
-            "naive_ring": lambda p, n: (p - 1, (p - 1) * n, (p - 1) * n),
+            "naive_ring": lambda p, n: (2 * (p - 1), (p - 1) * n, (p - 1) * n),
             "ring": lambda p, n: (2 * (p - 1), 2 * frac(p) * n, frac(p) * n),
             "recursive_doubling": lambda p, n: (
                 lgq(p) + 2 * _fold(p), (lgq(p) + 2 * _fold(p)) * n,
                 (lgq(p) + _fold(p)) * n),
             "rabenseifner": lambda p, n: (
                 # each half pays its own fold: n + n/p in and out, twice
-                2 * lgq(p) + 4 * _fold(p),
+                2 * lgq(p) + 5 * _fold(p),
                 2 * frac(p) * n + 2 * _fold(p) * (n + n / p),
                 frac(p) * n + _fold(p) * n),
         },
@@ -346,7 +347,7 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
         "reduce_scatter": {
             "ring": lambda p, n: (p - 1, frac(p) * n, frac(p) * n),
             "recursive_halving": lambda p, n: (
-                lgq(p) + 2 * _fold(p), frac(p) * n + _fold(p) * (n + n / p),
+                lgq(p) + 3 * _fold(p), frac(p) * n + _fold(p) * (n + n / p),
                 frac(p) * n + _fold(p) * n),
             "pairwise": lambda p, n: (p - 1, frac(p) * n, frac(p) * n),
         },

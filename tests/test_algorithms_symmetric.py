@@ -151,12 +151,23 @@ def check_reductions(comm: Comm, failures: list[str]) -> int:
             if kind == "random" and dtype.is_floating_point:
                 dist.all_reduce(sumabs)
             for coll, table in (("all_reduce", all_reduce.ALGORITHMS),
-                                ("reduce_scatter", reduce_scatter.ALGORITHMS)):
+                                ("reduce_scatter", reduce_scatter.ALGORITHMS),
+                                ("reduce_scatter out of place",
+                                 reduce_scatter.ALGORITHMS)):
                 for name, fn in table.items():
                     got = x.clone()
                     with native_collectives_raise():
-                        fn(comm, got, op)
-                    if coll == "reduce_scatter":  # only my block is specified
+                        if coll.endswith("out of place"):
+                            # the input must stay as it was; the result is in work
+                            work = torch.full_like(x, 7)
+                            fn(comm, got, op, work)
+                            if not torch.equal(got, x):
+                                failures.append(f"{coll}.{name} p={p} n={n} changed "
+                                                f"its input on rank {rank}")
+                            got = work
+                        else:
+                            fn(comm, got, op)
+                    if coll.startswith("reduce_scatter"):  # only my block is specified
                         got, w, s = (blocks(t, p)[rank] for t in (got, want, sumabs))
                     else:
                         w, s = want, sumabs

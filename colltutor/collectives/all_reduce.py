@@ -15,7 +15,7 @@ import torch
 from colltutor import ops
 from colltutor.collectives import all_gather, broadcast, fold, reduce, reduce_scatter
 from colltutor.collectives.reduce_scatter import reduce_step, segment_slots
-from colltutor.p2p import Comm, algorithm
+from colltutor.p2p import Comm, algorithm, blocks
 
 
 @algorithm
@@ -35,21 +35,25 @@ def reduce_broadcast(comm: Comm, buf: torch.Tensor, op: object) -> None:
 def naive_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     """The tutorial ring: every rank's whole buffer travels all the way round.
 
-    At each step a rank forwards to the right the buffer it received last (its own
-    first) and adds the one arriving from the left into ``buf``.  Steps: p-1; each
-    rank sends (p-1) n.  Cost: (p-1)(alpha + n beta + n gamma), p/2 times the
-    bandwidth of :func:`ring`.  Extra memory: two buffers of n (what is forwarded,
-    what arrives).  Chapter 6, All-Reduce.
+    At each step a rank forwards to the right the data it received last (its own
+    first) and adds what arrives from the left into ``buf``.  The buffer goes round
+    in two halves, one after the other, so that what is forwarded and what arrives
+    fit in one extra buffer of n.  Steps: 2(p-1); each rank sends (p-1) n.
+    Cost: 2(p-1) alpha + (p-1) n (beta + gamma), p/2 times the bandwidth of
+    :func:`ring`.  Chapter 6, All-Reduce.
     """
     p, rank = comm.size, comm.rank
     left, right = (rank - 1) % p, (rank + 1) % p
-    passing = comm.scratch(buf.numel(), buf).copy_(buf)
-    incoming = comm.scratch(buf.numel(), buf)
-    # 1. p-1 steps: forward, receive, accumulate; what arrived is forwarded next
-    for _ in range(p - 1):
-        comm.sendrecv(passing, right, incoming, left)
-        ops.combine(op, buf, incoming)
-        passing, incoming = incoming, passing
+    halves = blocks(buf, 2)
+    arrivals = [comm.scratch(halves[0].numel(), buf) for _ in range(min(p - 1, 2))]
+    for part in halves:
+        # 1. p-1 steps: forward, receive, accumulate; what arrived is forwarded next
+        passing = part
+        for step in range(p - 1):
+            incoming = arrivals[step % 2][:part.numel()]
+            comm.sendrecv(passing, right, incoming, left)
+            ops.combine(op, part, incoming)
+            passing = incoming
     ops.finish(op, buf, p)
 
 

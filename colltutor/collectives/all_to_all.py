@@ -77,8 +77,10 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
     p x p sizes with a Bruck all-gather of each rank's p sizes (int64).
     Steps: 2 ceil(lg p) (ceil(lg p) with ``counts``); each rank sends about
     (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the
-    size exchange and local packing).  Extra memory: the packed message sent, the
-    one received, and blocks halfway through their journey: about 1.5 n.
+    size exchange and local packing).  Extra memory: the packed message sent and
+    the one received, n in all; blocks halfway through their journey wait in
+    the outputs where their positions end (with blocks of different sizes, those
+    that do not fit wait in the message they came in).
     Chapter 7, All-to-All.
     """
     p, rank = comm.size, comm.rank
@@ -92,16 +94,21 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
         moving = [i for i in range(1, p) if i & d]
         # 3. pack what moves; what arrives started at rank - d - (the part of i < d)
         packed = torch.cat([held[i] for i in moving])
+        for i in moving:  # let go of it, so that the message it came in can be freed
+            held[i] = None
         srcs = [(rank - d - (i & (d - 1))) % p for i in moving]
         lengths = [sizes[s][(s + i) % p] for s, i in zip(srcs, moving, strict=True)]
         arrived = packed.new_empty(sum(lengths))
         comm.sendrecv(packed, (rank + d) % p, arrived, (rank - d) % p)
-        # 4. unpack: a block whose last move this was goes home, the others wait
+        # 4. unpack: a block whose last move this was goes home; the others wait
+        #    in the output their position ends in (free until then), if they fit
         for i, part in zip(moving, arrived.split(lengths), strict=True):
-            if i < 2 * d:
-                outputs[(rank - i) % p].copy_(part)
+            home = outputs[(rank - i) % p]
+            if i < 2 * d or home.numel() == part.numel():
+                held[i] = home.copy_(part)
             else:
-                held[i] = part.clone()
+                held[i] = part
+        del packed, arrived, part  # before the next step allocates its own
         d *= 2
 
 

@@ -1,8 +1,9 @@
 """Reduce: the root's buffer becomes ``op`` over every rank's buffer.
 
 Every algorithm has the signature ``fn(comm, buf, op, root)``.  Only the root's
-buffer changes: the other ranks work on a scratch copy, so their buffers are left
-as they were (what NCCL does; gloo's native reduce leaves scratch values there).
+buffer changes: the other ranks reduce out of place, into scratch memory, so their
+buffers are left as they were (what NCCL does; gloo's native reduce leaves scratch
+values there), and no rank needs more than one extra buffer of the message's size.
 Partial results are received segment by segment into two small reused slots and
 folded in place with :func:`colltutor.ops.combine` (see
 :func:`~colltutor.collectives.reduce_scatter.reduce_step`);
@@ -61,18 +62,21 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, op: object, root: int) -> None:
     :func:`~colltutor.collectives.reduce_scatter.reduce_step`).
     Steps: ``ceil(lg p)``.  Bytes: each rank sends ``n`` once; the root receives
     ``n`` ``ceil(lg p)`` times.  Cost: ``ceil(lg p)(alpha + n beta + n gamma)``.
+    Extra memory: ``n`` on a rank in between (plus two segments when it has two or
+    more children, from eight ranks on), at most ``n`` elsewhere.
     Chapter 3, Broadcast and Reduce.
     """
     node = tree.binomial(comm.rank, root, comm.size)
-    # the root reduces into its buffer, a leaf just sends its own, and a rank in
-    # between combines into a scratch copy, so that its buffer stays unchanged
-    acc = buf
-    if node.parent is not None and node.children:
-        acc = comm.scratch(buf.numel(), buf).copy_(buf)
     slots = segment_slots(comm, buf, buf.numel())
+    # the root reduces into its buffer and a leaf just sends its own; a rank in
+    # between leaves its buffer unchanged: it reduces into a scratch buffer, where
+    # the first child's partial result lands and my own buffer is added to it
+    inner = node.parent is not None and not node.leaf
+    acc = comm.scratch(buf.numel(), buf) if inner else buf
     # 1. receive each child's partial result, nearest first, and combine it into mine
-    for child in node.children:
-        reduce_step(comm, op, slots, recv=(child.rank, acc))
+    for i, child in enumerate(node.children):
+        reduce_step(comm, op, slots, recv=(child.rank, acc),
+                    mine=buf if inner and i == 0 else None)
     if node.parent is not None:
         # 2. send my partial result to my parent
         reduce_step(comm, op, slots, send=(node.parent, acc))
@@ -100,15 +104,16 @@ def reduce_scatter_gather(comm: Comm, buf: torch.Tensor, op: object, root: int
     Chapter 3, Broadcast and Reduce.
     """
     p = comm.size
-    # the root reduces into its buffer; everyone else into a scratch copy
-    work = buf if comm.rank == root else comm.scratch(buf.numel(), buf).copy_(buf)
+    # the root reduces in its buffer; everyone else, out of place, into a scratch
+    # buffer, which the gather then uses as well
+    work = None if comm.rank == root else comm.scratch(buf.numel(), buf)
     # 1. reduce-scatter: rank r ends with the reduction of block r
     if p & (p - 1) == 0:
-        reduce_scatter.recursive_halving(comm, work, op)
+        reduce_scatter.recursive_halving(comm, buf, op, work)
     else:
-        reduce_scatter.ring(comm, work, op)
+        reduce_scatter.ring(comm, buf, op, work)
     # 2. gather: the root collects every reduced block
-    gather.binomial_tree(comm, work, root)
+    gather.binomial_tree(comm, buf if work is None else work, root)
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {

@@ -2,10 +2,14 @@
 
 Chapter 5 of the book ("All-Gather and Reduce-Scatter") walks through every algorithm.
 
-Contract of every algorithm here: every rank passes its full ``buf`` (``comm.size``
-blocks, :func:`~colltutor.p2p.blocks`); on exit the rank's own block holds that block
-reduced over all ranks with ``op`` (:func:`ops.finish` applied, so AVG is divided
-exactly once); the rest of ``buf`` is scratch.  ``n`` is the size of ``buf``.
+Contract of every algorithm here, ``fn(comm, buf, op, work=None)``: every rank passes
+its full ``buf`` (``comm.size`` blocks, :func:`~colltutor.p2p.blocks`).  In place
+(``work`` is None), on exit the rank's own block of ``buf`` holds that block reduced
+over all ranks with ``op`` (:func:`ops.finish` applied, so AVG is divided exactly
+once) and the rest of ``buf`` is scratch.  Out of place, ``buf`` is left unchanged
+and the result is the rank's own block of ``work``, a buffer the size of ``buf``
+whose other blocks are scratch: that is the one extra buffer
+:func:`colltutor.reduce_scatter_tensor` needs.  ``n`` is the size of ``buf``.
 
 Reductions share one step, :func:`reduce_step`: send a partial result, receive the
 peer's partial result into a reused scratch and combine it in place, cut into
@@ -28,19 +32,28 @@ segment costs a message's overhead (alpha): on a 2-core machine with gloo, 2 MiB
 segments did better than 512 KiB ones (Chapter 9 measures this on your machine)."""
 
 
-def segment_slots(comm: Comm, buf: torch.Tensor, largest: int
-                  ) -> list[torch.Tensor]:
+def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
+                  spare: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Scratch for :func:`reduce_step`: one slot if a message of ``largest`` elements
     fits one segment, else two slots of one segment each.  Every rank must call this
-    with the same ``largest`` so that all of them cut messages the same way."""
+    with the same ``largest`` so that all of them cut messages the same way.
+
+    ``spare`` is memory the caller knows it will not otherwise use (a block of an
+    out-of-place ``work`` buffer that is never written): the slots are cut from it
+    when they fit, so they cost nothing more.
+    """
     per_segment = max(1, SEGMENT_BYTES // buf.element_size())
     count = max(1, -(-largest // per_segment))
-    size = -(-largest // count)
-    return list(comm.scratch(size * min(count, 2), buf).split(max(size, 1)))
+    size = max(1, -(-largest // count))
+    needed = size * min(count, 2)
+    if spare is not None and spare.numel() >= needed:
+        return list(spare[:needed].split(size))
+    return list(comm.scratch(needed, buf).split(size))
 
 
 def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
-                send: Message | None = None, recv: Message | None = None) -> None:
+                send: Message | None = None, recv: Message | None = None,
+                mine: torch.Tensor | None = None) -> None:
     """One step of a reduction: send ``send = (peer, partial)`` while receiving
     ``recv = (peer, acc)``'s counterpart from the peer and combining it into ``acc``.
 
@@ -48,24 +61,33 @@ def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
     in flight, so combining segment i overlaps receiving segment i+1 (Chapter 6,
     why the ring is fast).  ``send`` and ``recv`` may name the same tensor: a segment is
     combined only once it has been sent.
+
+    ``mine``: my contribution, kept elsewhere (out of place), so that ``acc`` holds
+    nothing yet.  Then the peer's partial result lands straight in ``acc`` and
+    ``mine`` is combined into it: the slots only say how to cut the message.
     """
     size = max(1, slots[0].numel())
     dst, outgoing = send if send else (0, None)
     src, acc = recv if recv else (0, None)
     sends = _segments(outgoing, size) if send else []
     recvs = _segments(acc, size) if recv else []
-    scratch = [slots[i % len(slots)][:part.numel()] for i, part in enumerate(recvs)]
+    if mine is None:  # land in a slot, combine into acc
+        landing = [slots[i % len(slots)][:part.numel()] for i, part in enumerate(recvs)]
+        pairs = list(zip(recvs, landing, strict=True))
+    else:  # land in acc, combine my own contribution into it
+        landing = recvs
+        pairs = list(zip(recvs, _segments(mine, size) if recv else [], strict=True))
 
     def post(i: int):
         return comm.post(sends=[(dst, sends[i])] if i < len(sends) else [],
-                         recvs=[(src, scratch[i])] if i < len(recvs) else [])
+                         recvs=[(src, landing[i])] if i < len(recvs) else [])
 
     segments = max(len(sends), len(recvs))
     in_flight = {i: post(i) for i in range(min(len(slots), segments))}
     for i in range(segments):
         in_flight.pop(i).wait()
         if i < len(recvs):
-            ops.combine(op, recvs[i], scratch[i])
+            ops.combine(op, *pairs[i])
         if i + len(slots) < segments:
             in_flight[i + len(slots)] = post(i + len(slots))
 
@@ -75,30 +97,39 @@ def _segments(tensor: torch.Tensor, size: int) -> list[torch.Tensor]:
 
 
 @algorithm
-def ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
+def ring(comm: Comm, buf: torch.Tensor, op: object,
+         work: torch.Tensor | None = None) -> None:
     """Pass partial sums around a ring; each block collects one contribution a step.
 
-    At step s a rank sends its partial result for block rank-s-1 to the right and
-    adds the left's partial result for block rank-s-2 into its own; after p-1 steps
-    block ``rank`` has seen every rank.  Steps: p-1; each rank sends and reduces
-    (p-1)/p n.  Cost: (p-1) alpha + ((p-1)/p) n (beta + gamma), with the reduction
-    overlapped by the transfer of the next segment.
+    At step s a rank sends to the right the partial result it received last (its own
+    block rank-1 first) and adds its own block rank-s-2 into the left's partial
+    result for that block; after p-1 steps block ``rank`` has seen every rank.
+    Steps: p-1; each rank sends and reduces (p-1)/p n.  Cost: (p-1) alpha +
+    ((p-1)/p) n (beta + gamma), with the reduction overlapped by the transfer of the
+    next segment.  Out of place, every partial lands straight in ``work`` (no slots).
     Chapter 5, All-Gather and Reduce-Scatter.
     """
     p, rank = comm.size, comm.rank
     left, right = (rank - 1) % p, (rank + 1) % p
-    chunk = blocks(buf, p)
-    slots = segment_slots(comm, buf, chunk[0].numel())
+    mine = blocks(buf, p)
+    acc = mine if work is None else blocks(work, p)  # where partial results land
+    # out of place, block rank-1 of work is never written (mine is sent instead)
+    slots = segment_slots(comm, buf, mine[0].numel(),
+                          spare=None if work is None else acc[left])
     # 1. p-1 steps around the ring, each adding one more rank into one block
+    passing = mine[left]
     for step in range(p - 1):
-        reduce_step(comm, op, slots, send=(right, chunk[(rank - step - 1) % p]),
-                    recv=(left, chunk[(rank - step - 2) % p]))
+        block = (rank - step - 2) % p
+        reduce_step(comm, op, slots, send=(right, passing), recv=(left, acc[block]),
+                    mine=None if work is None else mine[block])
+        passing = acc[block]
     # 2. my block is complete
-    ops.finish(op, chunk[rank], p)
+    _finish(op, acc[rank], mine[rank], p)
 
 
 @algorithm
-def recursive_halving(comm: Comm, buf: torch.Tensor, op: object) -> None:
+def recursive_halving(comm: Comm, buf: torch.Tensor, op: object,
+                      work: torch.Tensor | None = None) -> None:
     """Halve the range of blocks a rank is responsible for at each step.
 
     With partner ``v ^ mask`` (mask = p/2, p/4, ..., 1) a rank keeps the half of its
@@ -107,57 +138,106 @@ def recursive_halving(comm: Comm, buf: torch.Tensor, op: object) -> None:
     p: lg p steps; each rank sends and reduces (p-1)/p n.  Cost: lg p alpha +
     ((p-1)/p) n (beta + gamma).  Other p: MPICH's fold
     (:mod:`colltutor.collectives.fold`): each
-    even rank of the first 2(p-p') hands its whole buffer to rank+1 and receives its
-    finished block at the end (+2 alpha + (n + n/p) beta + n gamma).
+    even rank of the first 2(p-p') hands its whole buffer to rank+1 (in two halves,
+    around rank+1's first halving step, so that rank+1 never holds more than one
+    extra buffer of n) and receives its finished block at the end
+    (+3 alpha + (n + n/p) beta + n gamma).
+    Out of place, the first message a rank receives for a half lands straight in
+    ``work``, and the half of ``work`` it gave away in the first halving holds the
+    slots, so no rank needs more than ``work`` itself, except the odd rank of a
+    folded pair whose given-away half is smaller than a slot (it speaks for two
+    blocks and gives away fewer): it needs the slots besides, up to 2/3 n more.
     Chapter 5, All-Gather and Reduce-Scatter.
     """
     p, rank = comm.size, comm.rank
-    chunk = blocks(buf, p)
+    acc = buf if work is None else work  # where partial results land
     folded = rank < 2 * (p - fold.pof2(p))
-    halves = fold.vspan(buf, p, 0, fold.pof2(p) // 2).numel()  # the first halving
-    slots = segment_slots(comm, buf, buf.numel() if p > fold.pof2(p) else halves)
-    # 1. fold in: an even rank of a folded pair gives its whole buffer to rank+1
-    if folded and rank % 2 == 0:
-        reduce_step(comm, op, slots, send=(rank + 1, buf))
-    elif folded:
-        reduce_step(comm, op, slots, recv=(rank - 1, buf))
-    # 2. halving: keep my half of [lo, hi) (in virtual ranks), send the other half
     v = fold.virtual(rank, p)
-    lo, hi = 0, fold.pof2(p)
-    mask = hi // 2
+    top = fold.pof2(p)
+    # out of place, the half of work that the first halving gives away holds the
+    # slots: nothing lands there after that step
+    spare = None
+    if work is not None and v is not None:
+        spare = fold.vspan(work, p, *_halves(v, 0, top, top // 2)[1])
+    slots = segment_slots(comm, buf, fold.vspan(buf, p, 0, top // 2).numel(), spare)
+    # 1. fold in: an even rank of a folded pair gives its buffer to rank+1 in two
+    #    halves: first the half that rank+1 gives away in its first halving step
+    #    (rank+1 adds it to its own before sending it on), then the half it keeps
+    if folded and rank % 2 == 0:
+        keep, give = _halves(fold.virtual(rank + 1, p), 0, top, top // 2)
+        reduce_step(comm, op, slots, send=(rank + 1, fold.vspan(buf, p, *give)))
+        reduce_step(comm, op, slots, send=(rank + 1, fold.vspan(buf, p, *keep)))
+    elif folded:
+        give = _halves(v, 0, top, top // 2)[1]
+        reduce_step(comm, op, slots, recv=(rank - 1, fold.vspan(acc, p, *give)),
+                    mine=None if work is None else fold.vspan(buf, p, *give))
+    # 2. halving: keep my half of [lo, hi) (in virtual ranks), send the other half
+    lo, hi = 0, top
+    mask = top // 2
     while v is not None and mask >= 1:
-        mid = lo + mask
-        keep, give = ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
+        keep, give = _halves(v, lo, hi, mask)
         partner = fold.real(v ^ mask, p)
-        reduce_step(comm, op, slots, send=(partner, fold.vspan(buf, p, *give)),
-                    recv=(partner, fold.vspan(buf, p, *keep)))
+        first = mask == top // 2  # out of place, nothing has landed in `keep` yet
+        # the half I give: my own data, unless my folded pair's was added to it
+        giving = buf if first and not folded else acc
+        reduce_step(comm, op, slots, send=(partner, fold.vspan(giving, p, *give)),
+                    recv=(partner, fold.vspan(acc, p, *keep)),
+                    mine=fold.vspan(buf, p, *keep) if first and work is not None
+                    else None)
+        if folded and first:
+            # 1b. fold in, second half: the even rank's copy of the half I keep
+            reduce_step(comm, op, slots, recv=(rank - 1, fold.vspan(acc, p, *keep)))
         lo, hi = keep
         mask //= 2
     # 3. fold out: the odd rank of a pair hands block rank-1 to its owner
+    chunk = blocks(acc, p)
     if folded and rank % 2 == 1:
         comm.send(chunk[rank - 1], rank - 1)
     elif folded:
         comm.recv(chunk[rank], rank + 1)
-    ops.finish(op, chunk[rank], p)
+    _finish(op, chunk[rank], blocks(buf, p)[rank], p)
+
+
+def _halves(v: int, lo: int, hi: int, mask: int
+            ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(keep, give): the halves of virtual ranks ``[lo, hi)`` that virtual rank ``v``
+    keeps and gives away when its partner is ``v ^ mask``."""
+    mid = lo + mask
+    return ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
 
 
 @algorithm
-def pairwise(comm: Comm, buf: torch.Tensor, op: object) -> None:
+def pairwise(comm: Comm, buf: torch.Tensor, op: object,
+             work: torch.Tensor | None = None) -> None:
     """Pairwise exchange: at step i send block rank+i to its owner, rank+i, and add
     rank-i's copy of my block into mine.
 
     Every message carries original data, so the steps do not depend on each other.
     Steps: p-1; each rank sends and reduces (p-1)/p n.  Cost: (p-1) alpha +
-    ((p-1)/p) n (beta + gamma).  Chapter 5, All-Gather and Reduce-Scatter.
+    ((p-1)/p) n (beta + gamma).  Out of place, the first copy of my block lands
+    straight in ``work`` and the slots live in ``work``'s next block, which is never
+    written.  Chapter 5, All-Gather and Reduce-Scatter.
     """
     p, rank = comm.size, comm.rank
-    chunk = blocks(buf, p)
-    slots = segment_slots(comm, buf, chunk[0].numel())
+    mine = blocks(buf, p)
+    acc = mine if work is None else blocks(work, p)  # where partial results land
+    # out of place, only block rank of work is written
+    slots = segment_slots(comm, buf, mine[0].numel(),
+                          spare=None if work is None else acc[(rank + 1) % p])
     # 1. step i: my copy of block rank+i goes to its owner; rank-i's copy of mine comes
     for step in range(1, p):
         to, frm = (rank + step) % p, (rank - step) % p
-        reduce_step(comm, op, slots, send=(to, chunk[to]), recv=(frm, chunk[rank]))
-    ops.finish(op, chunk[rank], p)
+        reduce_step(comm, op, slots, send=(to, mine[to]), recv=(frm, acc[rank]),
+                    mine=mine[rank] if work is not None and step == 1 else None)
+    _finish(op, acc[rank], mine[rank], p)
+
+
+def _finish(op: object, result: torch.Tensor, mine: torch.Tensor, p: int) -> None:
+    """The last touch of my block: AVG divides it once; a rank alone (p = 1) working
+    out of place has received nothing, so its own block is the result."""
+    if p == 1 and result.data_ptr() != mine.data_ptr():
+        result.copy_(mine)
+    ops.finish(op, result, p)
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {
