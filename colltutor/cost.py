@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from colltutor.collectives.fold import pof2
+from colltutor.p2p import block_sizes
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,36 @@ def _fold_roles(p: int) -> Callable[[int], str]:
 
 def _halving(p: int, n: int, b: int) -> PerRank:
     """reduce_scatter.recursive_halving: fold in (even ranks send all n, in two
-    halves), halving (virtual rank v sends everything but its own virtual block),
-    fold out (odd ranks hand back one block).  Rounds: lg p, +3 with a fold."""
+    halves, the second cut to fit the half its odd partner gives away: see
+    :func:`_fold_pieces`), halving (virtual rank v sends everything but its own
+    virtual block), fold out (odd ranks hand back one block).  Rounds: lg p, +2
+    and the second half's pieces with a fold."""
     q, role = pof2(p), _fold_roles(p)
     from colltutor.collectives.fold import virtual
 
     def rank(r: int) -> tuple[int, int]:
         if role(r) == "even":
-            return 2, n
+            return 1 + _fold_pieces(p, n, virtual(r + 1, p)), n
         v = virtual(r, p)
         sent = n - _vblocks(v, p) * b
         return (lg(q) + 1, sent + b) if role(r) == "odd" else (lg(q), sent)
 
-    return lg(q) + (3 if p != q else 0), _rank_list(p, rank)
+    if p == q:
+        return lg(q), _rank_list(p, rank)
+    pieces = max(_fold_pieces(p, n, v) for v in range(p - q))
+    return lg(q) + 2 + pieces, _rank_list(p, rank)
+
+
+def _fold_pieces(p: int, n: int, v: int) -> int:
+    """Messages in which a folded pair's even rank sends the half that virtual rank
+    ``v`` keeps: pieces no larger than the half ``v`` gives away (where they land),
+    for messages within one segment."""
+    from colltutor.collectives import fold
+
+    q = pof2(p)
+    low = sum(block_sizes(int(n), p)[:fold.first_block(q // 2, p)])
+    keep, give = (n - low, low) if v & (q // 2) else (low, n - low)
+    return max(1, -(-keep // max(give, 1)))
 
 
 def _doubling(p: int, n: int, b: int) -> PerRank:
@@ -326,7 +344,7 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
                 (lgq(p) + _fold(p)) * n),
             "rabenseifner": lambda p, n: (
                 # each half pays its own fold: n + n/p in and out, twice
-                2 * lgq(p) + 5 * _fold(p),
+                2 * lgq(p) + 6 * _fold(p),
                 2 * frac(p) * n + 2 * _fold(p) * (n + n / p),
                 frac(p) * n + _fold(p) * n),
         },
@@ -347,7 +365,8 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
         "reduce_scatter": {
             "ring": lambda p, n: (p - 1, frac(p) * n, frac(p) * n),
             "recursive_halving": lambda p, n: (
-                lgq(p) + 3 * _fold(p), frac(p) * n + _fold(p) * (n + n / p),
+                # a fold: + the first half, the second in two pieces, the fold-out
+                lgq(p) + 4 * _fold(p), frac(p) * n + _fold(p) * (n + n / p),
                 frac(p) * n + _fold(p) * n),
             "pairwise": lambda p, n: (p - 1, frac(p) * n, frac(p) * n),
         },

@@ -18,6 +18,7 @@ segments with two in flight so that combining one overlaps receiving the next.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -42,13 +43,17 @@ def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
     out-of-place ``work`` buffer that is never written): the slots are cut from it
     when they fit, so they cost nothing more.
     """
+    size, count = _slot_shape(buf, largest)
+    if spare is not None and spare.numel() >= size * count:
+        return list(spare[:size * count].split(size))
+    return list(comm.scratch(size * count, buf).split(size))
+
+
+def _slot_shape(buf: torch.Tensor, largest: int) -> tuple[int, int]:
+    """(elements per slot, slots) for messages of up to ``largest`` elements."""
     per_segment = max(1, SEGMENT_BYTES // buf.element_size())
-    count = max(1, -(-largest // per_segment))
-    size = max(1, -(-largest // count))
-    needed = size * min(count, 2)
-    if spare is not None and spare.numel() >= needed:
-        return list(spare[:needed].split(size))
-    return list(comm.scratch(needed, buf).split(size))
+    segments = max(1, -(-largest // per_segment))
+    return max(1, -(-largest // segments)), min(segments, 2)
 
 
 def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
@@ -141,12 +146,13 @@ def recursive_halving(comm: Comm, buf: torch.Tensor, op: object,
     even rank of the first 2(p-p') hands its whole buffer to rank+1 (in two halves,
     around rank+1's first halving step, so that rank+1 never holds more than one
     extra buffer of n) and receives its finished block at the end
-    (+3 alpha + (n + n/p) beta + n gamma).
+    (+4 alpha + (n + n/p) beta + n gamma: the half rank+1 keeps can be larger than
+    the half it gives away, and travels in two pieces that fit there).
     Out of place, the first message a rank receives for a half lands straight in
     ``work``, and the half of ``work`` it gave away in the first halving holds the
-    slots, so no rank needs more than ``work`` itself, except the odd rank of a
-    folded pair whose given-away half is smaller than a slot (it speaks for two
-    blocks and gives away fewer): it needs the slots besides, up to 2/3 n more.
+    slots, so no rank needs more than ``work`` itself.  (The odd rank of a folded
+    pair may keep more than it gives away; the second half of its pair's buffer is
+    cut into segments that fit there.)
     Chapter 5, All-Gather and Reduce-Scatter.
     """
     p, rank = comm.size, comm.rank
@@ -154,39 +160,48 @@ def recursive_halving(comm: Comm, buf: torch.Tensor, op: object,
     folded = rank < 2 * (p - fold.pof2(p))
     v = fold.virtual(rank, p)
     top = fold.pof2(p)
-    # out of place, the half of work that the first halving gives away holds the
-    # slots: nothing lands there after that step
-    spare = None
+    # what my pair (or I, unfolded) keeps and gives away in the first halving
+    keep1, give1 = _halves(fold.virtual(rank | 1, p) if folded else v, 0, top,
+                           top // 2)
+    # Slots for three kinds of message, used one step at a time, so that they can
+    # share one region: out of place, the half of work that the first halving
+    # gives away (nothing lands there after that step); in place, scratch.
+    lower = fold.vspan(buf, p, 0, top // 2).numel()  # the largest first-step message
     if work is not None and v is not None:
-        spare = fold.vspan(work, p, *_halves(v, 0, top, top // 2)[1])
-    slots = segment_slots(comm, buf, fold.vspan(buf, p, 0, top // 2).numel(), spare)
+        region = fold.vspan(work, p, *give1)
+    else:
+        region = comm.scratch(math.prod(_slot_shape(buf, lower)), buf)
+    first = segment_slots(comm, buf, lower, region)
+    # the fold's second half lands in that region: it is cut to fit there
+    second = segment_slots(comm, buf, fold.vspan(buf, p, *give1).numel(), region)
+    later = segment_slots(comm, buf, fold.vspan(buf, p, 0, max(top // 4, 1)).numel(),
+                          region)
     # 1. fold in: an even rank of a folded pair gives its buffer to rank+1 in two
     #    halves: first the half that rank+1 gives away in its first halving step
     #    (rank+1 adds it to its own before sending it on), then the half it keeps
     if folded and rank % 2 == 0:
-        keep, give = _halves(fold.virtual(rank + 1, p), 0, top, top // 2)
-        reduce_step(comm, op, slots, send=(rank + 1, fold.vspan(buf, p, *give)))
-        reduce_step(comm, op, slots, send=(rank + 1, fold.vspan(buf, p, *keep)))
+        reduce_step(comm, op, first, send=(rank + 1, fold.vspan(buf, p, *give1)))
+        reduce_step(comm, op, second, send=(rank + 1, fold.vspan(buf, p, *keep1)))
     elif folded:
-        give = _halves(v, 0, top, top // 2)[1]
-        reduce_step(comm, op, slots, recv=(rank - 1, fold.vspan(acc, p, *give)),
-                    mine=None if work is None else fold.vspan(buf, p, *give))
+        reduce_step(comm, op, first, recv=(rank - 1, fold.vspan(acc, p, *give1)),
+                    mine=None if work is None else fold.vspan(buf, p, *give1))
     # 2. halving: keep my half of [lo, hi) (in virtual ranks), send the other half
     lo, hi = 0, top
     mask = top // 2
     while v is not None and mask >= 1:
         keep, give = _halves(v, lo, hi, mask)
         partner = fold.real(v ^ mask, p)
-        first = mask == top // 2  # out of place, nothing has landed in `keep` yet
+        at_first = mask == top // 2  # out of place, nothing has landed in keep yet
         # the half I give: my own data, unless my folded pair's was added to it
-        giving = buf if first and not folded else acc
-        reduce_step(comm, op, slots, send=(partner, fold.vspan(giving, p, *give)),
+        giving = buf if at_first and not folded else acc
+        reduce_step(comm, op, first if at_first else later,
+                    send=(partner, fold.vspan(giving, p, *give)),
                     recv=(partner, fold.vspan(acc, p, *keep)),
-                    mine=fold.vspan(buf, p, *keep) if first and work is not None
+                    mine=fold.vspan(buf, p, *keep) if at_first and work is not None
                     else None)
-        if folded and first:
+        if folded and at_first:
             # 1b. fold in, second half: the even rank's copy of the half I keep
-            reduce_step(comm, op, slots, recv=(rank - 1, fold.vspan(acc, p, *keep)))
+            reduce_step(comm, op, second, recv=(rank - 1, fold.vspan(acc, p, *keep)))
         lo, hi = keep
         mask //= 2
     # 3. fold out: the odd rank of a pair hands block rank-1 to its owner
