@@ -346,6 +346,12 @@ def block_sizes(numel: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
+def place(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst`` unless they are already the same memory."""
+    if dst.data_ptr() != src.data_ptr() or dst.numel() != src.numel():
+        dst.copy_(src)
+
+
 def span(buffer: torch.Tensor, parts: int, lo: int, hi: int) -> torch.Tensor:
     """One contiguous view of blocks ``lo .. hi-1`` of ``blocks(buffer, parts)``."""
     sizes = block_sizes(buffer.numel(), parts)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 
 from colltutor.collectives import tree
-from colltutor.collectives.scatter import place, relative_span
-from colltutor.p2p import Comm, algorithm, blocks
+from colltutor.collectives.scatter import relative_span
+from colltutor.p2p import Comm, algorithm, blocks, place
 
 
 @algorithm

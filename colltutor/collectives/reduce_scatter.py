@@ -25,7 +25,7 @@ import torch
 
 from colltutor import ops
 from colltutor.collectives import fold
-from colltutor.p2p import Comm, Message, algorithm, blocks
+from colltutor.p2p import Comm, Message, algorithm, blocks, place
 
 SEGMENT_BYTES = 1 << 21
 """Messages larger than this are cut into segments that travel two at a time.  Each
@@ -250,8 +250,8 @@ def pairwise(comm: Comm, buf: torch.Tensor, op: object,
 def _finish(op: object, result: torch.Tensor, mine: torch.Tensor, p: int) -> None:
     """The last touch of my block: AVG divides it once; a rank alone (p = 1) working
     out of place has received nothing, so its own block is the result."""
-    if p == 1 and result.data_ptr() != mine.data_ptr():
-        result.copy_(mine)
+    if p == 1:
+        place(result, mine)
     ops.finish(op, result, p)
 
 

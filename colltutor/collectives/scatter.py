@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from colltutor.collectives import tree
-from colltutor.p2p import Comm, algorithm, blocks, span
+from colltutor.p2p import Comm, algorithm, blocks, place, span
 
 
 def relative_span(buf: torch.Tensor, p: int, root: int, lo: int, hi: int
@@ -89,12 +89,6 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
     # 3. my block, where the caller wants it (a leaf received it there)
     if mine is not None and not node.leaf:
         place(mine, blocks(buf, p)[comm.rank])
-
-
-def place(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy ``src`` into ``dst`` unless they are already the same memory."""
-    if dst.data_ptr() != src.data_ptr() or dst.numel() != src.numel():
-        dst.copy_(src)
 
 
 ALGORITHMS: dict[str, Callable[..., None]] = {
