@@ -66,6 +66,7 @@ LARGE = 100_003
 
 SHAPES = {
     ("all_reduce", "ring"): "2(p-1) messages of n/p elements",
+    ("all_reduce", "pipelined_ring"): "2(p-1) messages of n/p elements (small n)",
     ("all_reduce", "naive_ring"): "p-1 messages of the whole buffer (n elements)",
     ("all_reduce", "recursive_doubling"): "lg p messages of the whole buffer",
     ("all_reduce", "reduce_broadcast"): "a binomial reduce then a binomial broadcast",

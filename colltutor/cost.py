@@ -217,6 +217,9 @@ def _table() -> dict[str, dict[str, Callable[[int, int, int], PerRank]]]:
                                                    (p - 1) * n),
             "ring": lambda p, n, b: _uniform(2 * (p - 1), p, 2 * (p - 1),
                                              2 * (p - 1) * b),
+            # one column of segments when no block exceeds a segment
+            "pipelined_ring": lambda p, n, b: _uniform(2 * (p - 1), p, 2 * (p - 1),
+                                                       2 * (p - 1) * b),
             "recursive_doubling": lambda p, n, b: _whole_doubling(p, n),
             "rabenseifner": lambda p, n, b: _then(_halving(p, n, b),
                                                   _doubling(p, n, b)),
@@ -339,6 +342,7 @@ def _model() -> dict[str, dict[str, Callable[[int, float], tuple[float, float,
             "reduce_broadcast": lambda p, n: (2 * lg(p), 2 * lg(p) * n, lg(p) * n),
             "naive_ring": lambda p, n: (2 * (p - 1), (p - 1) * n, (p - 1) * n),
             "ring": lambda p, n: (2 * (p - 1), 2 * frac(p) * n, frac(p) * n),
+            "pipelined_ring": _pipelined_all_reduce,
             "recursive_doubling": lambda p, n: (
                 lgq(p) + 2 * _fold(p), (lgq(p) + 2 * _fold(p)) * n,
                 (lgq(p) + _fold(p)) * n),
@@ -388,6 +392,16 @@ def _pipelined(p: int, n: float) -> tuple[float, float, float]:
 
     k = default_segments(int(n), p)
     return p + k - 2, (p + k - 2) * n / k, 0.0
+
+
+def _pipelined_all_reduce(p: int, n: float) -> tuple[float, float, float]:
+    """all_reduce.pipelined_ring: k columns of segments, one behind the other;
+    every link is busy throughout, so the bytes are the ring's, and only the last
+    column's reductions are not hidden behind a transfer."""
+    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+
+    k = max(1, -(-int(n) // (p * SEGMENT_BYTES)))
+    return 2 * (p - 1) + k - 1, 2 * (p - 1) / p * n, (p - 1) / p * n / k
 
 
 MODEL = _model()

@@ -26,7 +26,7 @@ KiB = 1024
 DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
     "broadcast": [(64 * KiB, "binomial_tree"), (None, "scatter_allgather")],
     "reduce": [(64 * KiB, "binomial_tree"), (None, "reduce_scatter_gather")],
-    "all_reduce": [(16 * KiB, "recursive_doubling"), (None, "ring")],
+    "all_reduce": [(16 * KiB, "recursive_doubling"), (None, "pipelined_ring")],
     # large gathers and scatters: the tree forwards blocks that linear sends once
     # (measured, 4 ranks: 16 MiB scatter 7.5 ms linear against 9.6 ms tree)
     "gather": [(64 * KiB, "binomial_tree"), (None, "linear")],

@@ -253,6 +253,29 @@ def check_ring_trace(comm: Comm, failures: list[str]) -> int:
     return 2
 
 
+def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
+    """The pipelined ring with many columns (segments of 64 bytes instead of
+    2 MiB): uneven blocks and columns, two columns in flight, AVG divided once."""
+    saved, reduce_scatter.SEGMENT_BYTES = reduce_scatter.SEGMENT_BYTES, 64
+    try:
+        cases = 0
+        for n, (dtype, op, kind) in [(n, r) for n in (15, 16, 17, 100, 1000, 4099)
+                                     for r in REDUCTIONS_TINY + REDUCTIONS_MID]:
+            x = make_data(n, dtype, kind, op, seed=7 * n + comm.rank)
+            sumabs = x.double().abs()
+            dist.all_reduce(sumabs)
+            got = x.clone()
+            with native_collectives_raise(), p2p.reusing_scratch():
+                all_reduce.pipelined_ring(comm, got, op)
+            want = native_all_reduce(x, op)
+            if mismatch(got, want, kind, sumabs):
+                failures.append(f"pipelined_ring columns n={n} {dtype} {op}")
+            cases += 1
+        return cases
+    finally:
+        reduce_scatter.SEGMENT_BYTES = saved
+
+
 def check_world() -> tuple[list[str], int]:
     """Runs on every rank: all cases for this world size; (failures, cases)."""
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -263,6 +286,8 @@ def check_world() -> tuple[list[str], int]:
     cases += check_all_to_all(comm, failures)
     if comm.size == 4:
         cases += check_ring_trace(comm, failures)
+    if comm.size in (2, 3, 5):
+        cases += check_pipelined_columns(comm, failures)
     return failures, cases
 
 

@@ -37,8 +37,8 @@ def test_every_collective_has_its_algorithms() -> None:
     required = {
         "broadcast": {"linear", "binomial_tree", "pipelined_ring", "scatter_allgather"},
         "reduce": {"linear", "binomial_tree", "reduce_scatter_gather"},
-        "all_reduce": {"reduce_broadcast", "naive_ring", "ring", "recursive_doubling",
-                       "rabenseifner"},
+        "all_reduce": {"reduce_broadcast", "naive_ring", "ring", "pipelined_ring",
+                       "recursive_doubling", "rabenseifner"},
         "gather": {"linear", "binomial_tree"},
         "scatter": {"linear", "binomial_tree"},
         "all_gather": {"ring", "recursive_doubling", "bruck"},
