@@ -28,18 +28,22 @@ def linear(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
            ) -> None:
     """Post every receive and every send in one step and let the network sort it out.
 
-    Messages are posted in the order rank+1, rank+2, ... so that ranks do not all
-    start with the same peer.  Steps: 1 (p-1 messages each way); each rank sends
+    Sends go to rank+1, rank+2, ... and receives come from rank-1, rank-2, ...:
+    the pairwise exchange's order, all posted at once, so that ranks neither start
+    with the same peer nor wait for the step before; the own block is copied while
+    the messages travel.  Steps: 1 (p-1 messages each way); each rank sends
     (p-1)/p n.  Cost: (p-1) alpha + ((p-1)/p) n beta, with every message in flight
     at once (contention is the risk).  Chapter 7, All-to-All.
     """
     p, rank = comm.size, comm.rank
-    peers = [(rank + i) % p for i in range(1, p)]
-    # 1. my own block stays here
+    to = [(rank + i) % p for i in range(1, p)]
+    frm = [(rank - i) % p for i in range(1, p)]
+    # 1. one step: everything to everybody
+    step = comm.post(sends=[(peer, inputs[peer]) for peer in to],
+                     recvs=[(peer, outputs[peer]) for peer in frm])
+    # 2. my own block stays here, copied while the others are on the wire
     outputs[rank].copy_(inputs[rank])
-    # 2. one step: everything to everybody
-    comm.exchange(sends=[(peer, inputs[peer]) for peer in peers],
-                  recvs=[(peer, outputs[peer]) for peer in peers])
+    step.wait()
 
 
 @algorithm
