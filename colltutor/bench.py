@@ -213,30 +213,69 @@ def peak_extra(call: Callable[[], None]) -> int:
     return int(extra.item())
 
 
-def p2p_bandwidth(nbytes: int, iters: int = 5) -> float:
-    """Bytes per second of a native gloo ping-pong between ranks 0 and 1."""
+def _pieces(buf: torch.Tensor, piece: int | None) -> tuple[torch.Tensor, ...]:
+    return (buf,) if not piece else buf.split(piece)
+
+
+def pingpong(buf: torch.Tensor, piece: int | None = None) -> None:
+    """Rank 0 sends ``buf`` to rank 1, which sends it back (in pieces of ``piece``
+    elements, all posted at once, if given); other ranks do nothing."""
+    rank = dist.get_rank()
+    if rank > 1 or dist.get_world_size() < 2:
+        return
+    for sender in (0, 1):
+        post = dist.isend if rank == sender else dist.irecv
+        for work in [post(t, 1 - rank) for t in _pieces(buf, piece)]:
+            work.wait()
+
+
+def swap(buf: torch.Tensor, out: torch.Tensor, piece: int | None = None) -> None:
+    """Ranks 0 and 1 send each other ``buf`` at once, into ``out``: both directions
+    busy together, as in every step of a ring on two ranks."""
+    rank = dist.get_rank()
+    if rank > 1 or dist.get_world_size() < 2:
+        return
+    works = [(dist.isend(mine, 1 - rank), dist.irecv(theirs, 1 - rank))
+             for mine, theirs in zip(_pieces(buf, piece), _pieces(out, piece),
+                                     strict=True)]
+    for sending, receiving in works:
+        sending.wait()
+        receiving.wait()
+
+
+def _median_seconds(call: Callable[[], None], iters: int) -> float:
+    times = []
+    for i in range(iters + 1):  # the first one warms up
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        if i:
+            times.append(time.perf_counter() - start)
+    return _slowest(sorted(times)[len(times) // 2])
+
+
+def p2p_bandwidth(nbytes: int, iters: int = 5, piece: int | None = None) -> float:
+    """Bytes per second of a native gloo ping-pong between ranks 0 and 1: one
+    direction at a time, the practical limit that busbw is compared with."""
     if dist.get_world_size() < 2:
         return float("nan")
     buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-    rank = dist.get_rank()
+    return buf.numel() / (_median_seconds(lambda: pingpong(buf, piece), iters) / 2)
 
-    def pingpong() -> None:
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
 
-    times = []
-    for i in range(iters + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        pingpong()
-        if i:
-            times.append((time.perf_counter() - start) / 2)
-    seconds = _slowest(sorted(times)[len(times) // 2])
-    return buf.numel() / seconds
+def exchange_bandwidth(nbytes: int, iters: int = 5, piece: int | None = None
+                       ) -> float:
+    """Bytes per second each way when ranks 0 and 1 send to each other at once.
+
+    On one host every byte is copied by a CPU at both ends, so where the ranks
+    share few cores (2 ranks on 2 cores) two directions at once get about half the
+    ping-pong's rate each: the ceiling of a ring, whose every step is an exchange
+    (Chapter 9 and ``benchmarks/bench_p2p.py``)."""
+    if dist.get_world_size() < 2:
+        return float("nan")
+    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    out = torch.empty_like(buf)
+    return buf.numel() / _median_seconds(lambda: swap(buf, out, piece), iters)
 
 
 def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
@@ -272,8 +311,10 @@ def _op(name: str) -> Any:
     return getattr(dist.ReduceOp, name.upper())
 
 
-def _rank_p2p(nbytes: int) -> float:
-    return p2p_bandwidth(nbytes)
+def _rank_p2p(nbytes: int) -> tuple[float, float]:
+    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+
+    return p2p_bandwidth(nbytes), exchange_bandwidth(nbytes, piece=SEGMENT_BYTES)
 
 
 def _rank_checks(collective: str, nbytes: int, options: dict[str, Any]
@@ -392,7 +433,7 @@ def _rank_fit(repeat: int = 15) -> tuple[list, list]:
     loaded machine a one-way gloo message now and then waits a scheduler tick
     (about 4 ms), and the fastest repetition is the one that shows the machine's
     alpha and beta rather than the neighbours' load."""
-    rank, pingpong, reduction = dist.get_rank(), [], []
+    oneway, reduction = [], []
     for nbytes in (4 << (2 * k) for k in range(12)):
         buf = torch.ones(nbytes // 4)
         other = torch.ones_like(buf)
@@ -400,21 +441,16 @@ def _rank_fit(repeat: int = 15) -> tuple[list, list]:
         for _ in range(repeat):
             dist.barrier()
             start = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
+            pingpong(buf)
             times.append((time.perf_counter() - start) / 2)
-        pingpong.append((nbytes, min(times)))
+        oneway.append((nbytes, min(times)))
         adds = []
         for _ in range(repeat):
             start = time.perf_counter()
             buf.add_(other)
             adds.append(time.perf_counter() - start)
         reduction.append((nbytes, min(adds)))
-    return pingpong, reduction
+    return oneway, reduction
 
 
 def fit(args: argparse.Namespace) -> int:
@@ -508,15 +544,19 @@ def main(argv: list[str] | None = None) -> int:
                "op": args.op, "check": not args.no_check,
                "memory": not args.no_memory}
     import colltutor
+    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
 
-    p2p = float("nan")
+    p2p = both_ways = float("nan")
     if args.world_size >= 2:
-        p2p = colltutor.run(_rank_p2p, args.world_size, max(grid[-1], 1 << 20),
-                            backend=args.backend, timeout=None)[0]
+        p2p, both_ways = colltutor.run(_rank_p2p, args.world_size,
+                                       max(grid[-1], 1 << 20),
+                                       backend=args.backend, timeout=None)[0]
     print(f"# colltutor bench: {args.world_size} ranks, {args.backend}, {args.dtype}, "
           f"op {args.op}, iters {args.iters}, warmup {args.warmup}; GB = 1e9 bytes")
     print(f"# point-to-point bandwidth (ping-pong, {human(max(grid[-1], 1 << 20))}): "
-          f"{p2p / 1e9:.3f} GB/s; mem(x) = peak extra bytes / message bytes")
+          f"{p2p / 1e9:.3f} GB/s; both ways at once, in {human(SEGMENT_BYTES)} pieces: "
+          f"{both_ways / 1e9:.3f} GB/s each; "
+          f"mem(x) = peak extra bytes / message bytes")
     print(HEADER)
     plan = [(c, resolve(c, args.algorithm),
              [0] if c == "barrier" else grid) for c in collectives]
@@ -533,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += new
     for row in rows:
         row["p2p_GBps"] = p2p / 1e9
+        row["exchange_GBps"] = both_ways / 1e9
     if args.checks:
         for c in collectives:
             n = 0 if c == "barrier" else grid[0]

@@ -44,7 +44,8 @@ BY_SIZE: dict[tuple[str, int], list[tuple[int | None, str]]] = {
     **{("all_to_all", p): [(None, "pairwise")] for p in (2, 3)},
     ("all_to_all", 4): [(4 * KiB, "bruck"), (None, "linear")],
     **{("all_gather", p): [(None, "ring")] for p in (2, 3)},
-    ("all_reduce", 4): [(16 * KiB, "recursive_doubling"), (None, "reduce_broadcast")],
+    ("all_reduce", 4): [(16 * KiB, "recursive_doubling"),
+                        (1024 * KiB, "reduce_broadcast"), (None, "pipelined_ring")],
 }
 """Rows for one world size that replace the collective's :data:`DEFAULTS` rows.
 
@@ -59,9 +60,12 @@ beats three pairwise steps from 1 MiB up (1 MiB: 2.2-2.9 ms against 2.8-3.2 ms,
 ranks share two cores, so there is no link to overload, and each step the pairwise
 exchange waits for is one more wait for a core.
 
-All-reduce on 4 ranks: the two binomial trees (4 steps) beat the ring (6 steps,
-the same bytes in all) in three runs out of three on this course's 2-core machine:
-1 MiB 2.7-3.4 ms against 3.8-4.8 ms, 16 MiB 36-44 ms against 42-50 ms.
+All-reduce on 4 ranks: up to 1 MiB the two binomial trees (4 steps) beat the ring
+(6 steps, the same bytes in all) in three runs out of three on this course's 2-core
+machine (1 MiB 2.7-3.4 ms against 3.8-4.8 ms), and tie with the pipelined ring.
+From 4 MiB the pipelined ring wins, its reductions hidden behind transfers: 16 MiB
+26-30 ms against 34-38 ms for the trees (native gloo 27-30 ms), 4 MiB 7.9-8.4 ms
+against 9.3-9.6 ms, in five runs alternating with native gloo.
 
 Broadcast and reduce: on two ranks scatter + all-gather sends the same bytes as the
 tree in two steps instead of one (2 alpha + n beta against alpha + n beta): measured

@@ -40,16 +40,51 @@ def test_tiny_sweep_is_right_and_writes_files(tmp_path, capsys) -> None:
                        str(out_csv), "--json", str(out_json), "--plot", str(png)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "busbw" in printed and "point-to-point" in printed
+    assert "busbw" in printed and "point-to-point" in printed and "both ways" in printed
     rows = json.loads(out_json.read_text())
     assert {r["collective"] for r in rows} == set(bench.COLLECTIVES)
     assert all(r["wrong"] == 0 for r in rows)
     algos = {(r["collective"], r["algorithm"]) for r in rows}
     assert ("all_reduce", "native") in algos and ("all_reduce", "ring") in algos
     assert all(r["p"] == 3 for r in rows)
+    assert all(r["p2p_GBps"] > 0 and r["exchange_GBps"] > 0 for r in rows)
     with open(out_csv) as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _rank_point_to_point(piece: int | None) -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    mine = torch.arange(10, dtype=torch.uint8) + 10 * rank
+    bounced = mine.clone()
+    bench.pingpong(bounced, piece)  # rank 1 keeps rank 0's bytes and sends them back
+    out = torch.full_like(mine, 255)
+    bench.swap(mine, out, piece)
+    return {"bounced": bounced.tolist(), "out": out.tolist(),
+            "rates": (bench.p2p_bandwidth(1000, 2, piece),
+                      bench.exchange_bandwidth(1000, 2, piece))}
+
+
+@pytest.mark.parametrize("piece", [None, 3])
+def test_point_to_point_measurements_move_what_they_time(piece) -> None:
+    """The ping-pong and the exchange that busbw is compared with: ranks 0 and 1
+    (in pieces or whole) move the right bytes, a third rank takes no part, and the
+    rates are positive (none without a second rank)."""
+    import math
+
+    import colltutor
+
+    r0, r1, r2 = colltutor.run(_rank_point_to_point, 3, piece)
+    zero, one = list(range(10)), list(range(10, 20))
+    assert r0["bounced"] == zero and r1["bounced"] == zero and r2["bounced"] == [
+        x + 20 for x in zero]
+    assert r0["out"] == one and r1["out"] == zero and r2["out"] == [255] * 10
+    assert all(rate > 0 and math.isfinite(rate) for rate in r0["rates"])
+    alone = colltutor.run(_rank_point_to_point, 1, piece)[0]
+    assert all(math.isnan(rate) for rate in alone["rates"])
 
 
 def test_derived_table_has_the_shape_of_defaults(tmp_path, monkeypatch) -> None:
@@ -62,6 +97,24 @@ def test_derived_table_has_the_shape_of_defaults(tmp_path, monkeypatch) -> None:
     tuning.save({c: [list(r) for r in rows] for c, rows in table.items()}, path)
     monkeypatch.setenv("COLLTUTOR_TUNING", str(path))
     assert tuning.load() == table
+
+
+def test_measured_defaults_are_well_formed() -> None:
+    """Every row list of the defaults (and of the per-world-size rows that replace
+    them) names real algorithms, rises in size and ends with a catch-all row, so
+    :func:`tuning.choose` answers for every size."""
+    tables = [*((c, rows) for c, rows in tuning.DEFAULTS.items()),
+              *((c, rows) for (c, _), rows in tuning.BY_SIZE.items())]
+    for collective, rows in tables:
+        limits = [limit for limit, _ in rows]
+        assert limits[-1] is None and None not in limits[:-1]
+        assert limits[:-1] == sorted(limits[:-1])
+        assert all(name in bench.resolve(collective, "all") for _, name in rows)
+    for collective in tuning.DEFAULTS:
+        for p in (2, 3, 4, 8):
+            for n in (0, 1024, 1 << 20, (1 << 20) + 1, 64 << 20, None):
+                name = tuning.choose(collective, n, p)
+                assert name in bench.resolve(collective, "all")
 
 
 @pytest.mark.parametrize("p", [3, 4])
