@@ -4,8 +4,10 @@ One row per message size: bytes, element count, time of one call (the slowest ra
 mean over ``--iters`` calls after ``--warmup``), algbw = bytes / time, busbw = algbw x
 the collective's factor (``../shared/REFERENCE.md``; GB = 1e9 bytes), #wrong (elements
 that differ from ``torch.distributed``'s own result on the same inputs), the ratio of
-busbw to the point-to-point bandwidth measured in the same run, and the extra memory a
-call needed at its peak, as a multiple of the message size.
+busbw to the point-to-point bandwidth measured in the same run (a native ping-pong
+between ranks 0 and 1; the header also gives their two-way exchange, the ceiling of
+busbw where ranks share few cores), and the extra memory a call needed at its peak,
+as a multiple of the message size.
 
     python -m colltutor bench -c all_reduce -a all -n 2 -b 1K -e 64M -f 4
     python -m colltutor bench -c all -a native -n 4 --csv out.csv --plot busbw.png

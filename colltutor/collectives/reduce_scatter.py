@@ -98,7 +98,9 @@ def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
 
 
 def _segments(tensor: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return blocks(tensor, max(1, -(-tensor.numel() // size)))
+    if tensor.numel() <= size:  # one segment: the tensor itself, no view to make
+        return [tensor]
+    return blocks(tensor, -(-tensor.numel() // size))
 
 
 @algorithm
