@@ -34,14 +34,8 @@ def _placement(on: bool) -> None:
                                       dist.get_world_size())
         return
     every = set(range(os.cpu_count() or 1))
-    os.sched_setaffinity(0, every)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == "gloo_tcp_loop":
-                    os.sched_setaffinity(int(tid), every)
-        except OSError:  # the thread has gone
-            pass
+    for tid in [0, *p2p.gloo_io_threads()]:  # 0: this thread
+        os.sched_setaffinity(tid, every)
 
 
 def _rank(collective: str, sizes: list[int], rounds: int) -> dict[int, dict]:

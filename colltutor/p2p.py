@@ -281,13 +281,21 @@ def place_threads(pid: int, rank: int, world_size: int) -> None:
         return
     posting, io = cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]
     os.sched_setaffinity(0, {posting[rank % len(posting)]})  # this thread only
+    for tid in gloo_io_threads():
+        os.sched_setaffinity(tid, {io[rank % len(io)]})
+
+
+def gloo_io_threads() -> list[int]:
+    """The thread ids of gloo's I/O threads (``gloo_tcp_loop``) in this process."""
+    tids = []
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() == "gloo_tcp_loop":
-                    os.sched_setaffinity(int(tid), {io[rank % len(io)]})
+                    tids.append(int(tid))
         except OSError:  # the thread has gone
             pass
+    return tids
 
 
 _scratch = threading.local()

@@ -135,3 +135,33 @@ def test_blocks_cover_any_length() -> None:
                 for hi in range(lo, p + 1):
                     want = torch.cat(parts[lo:hi]) if hi > lo else buf[:0]
                     assert torch.equal(p2p.span(buf, p, lo, hi), want)
+
+
+def _placement() -> dict[str, object]:
+    import os
+
+    before = sorted(os.sched_getaffinity(0))
+    colltutor.all_reduce(torch.ones(4))  # the first collective places the threads
+    io = p2p.gloo_io_threads()
+    return {"before": before, "posting": sorted(os.sched_getaffinity(0)),
+            "io": [sorted(os.sched_getaffinity(t)) for t in io]}
+
+
+def test_threads_are_placed_when_ranks_outnumber_half_the_cpus() -> None:
+    """On 2 CPUs with 2 ranks (fewer CPUs than two busy threads per rank), every
+    rank's posting thread goes to the first half of the CPUs and gloo's I/O threads
+    to the second; with CPUs to spare, nothing moves."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    results = colltutor.run(_placement, 2)
+    for rank, r in enumerate(results):
+        assert r["io"], "gloo's I/O threads were not found"
+        half = len(r["before"]) // 2
+        if 2 <= len(r["before"]) < 4:
+            assert r["posting"] == [r["before"][:half][rank % half]]
+            assert all(a == [r["before"][half:][rank % len(r["before"][half:])]]
+                       for a in r["io"])
+        else:
+            assert r["posting"] == r["before"]
+    assert cpus == sorted(os.sched_getaffinity(0))  # the caller is never moved
