@@ -44,6 +44,7 @@ BY_SIZE: dict[tuple[str, int], list[tuple[int | None, str]]] = {
     **{("all_to_all", p): [(None, "pairwise")] for p in (2, 3)},
     ("all_to_all", 4): [(4 * KiB, "bruck"), (None, "linear")],
     **{("all_gather", p): [(None, "ring")] for p in (2, 3)},
+    ("all_reduce", 2): [(1024 * KiB, "recursive_doubling"), (None, "pipelined_ring")],
     ("all_reduce", 4): [(16 * KiB, "recursive_doubling"),
                         (1024 * KiB, "reduce_broadcast"), (None, "pipelined_ring")],
 }
@@ -59,6 +60,12 @@ beats three pairwise steps from 1 MiB up (1 MiB: 2.2-2.9 ms against 2.8-3.2 ms,
 16 MiB: 27-31 ms against 31-33 ms, two runs alternating with native gloo): the
 ranks share two cores, so there is no link to overload, and each step the pairwise
 exchange waits for is one more wait for a core.
+
+All-reduce on 2 ranks: recursive doubling (one exchange of the whole buffer) up to
+1 MiB, where every message costs a wake-up of the posting thread: 1 MiB 0.98-1.05 ms
+against 1.02-1.12 ms for the pipelined ring (its two steps), three runs alternating
+with native gloo; at 4 MiB the ring's halved reductions win (2.48-2.57 ms against
+2.56-2.62 ms).
 
 All-reduce on 4 ranks: up to 1 MiB the two binomial trees (4 steps) beat the ring
 (6 steps, the same bytes in all) in three runs out of three on this course's 2-core
