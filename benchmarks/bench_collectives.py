@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -34,20 +33,6 @@ import torch.distributed as dist
 import colltutor
 from colltutor import bench, checks, tuning
 from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
-
-BLOCK_SECONDS = 0.05  # each timed block lasts about this long
-
-
-def _block(call, calls: int, settle: int = 0) -> float:
-    """Mean seconds per call over a block, as the slowest rank saw it, after
-    ``settle`` untimed calls."""
-    for _ in range(settle):
-        call()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return bench._slowest((time.perf_counter() - start) / calls)
 
 
 def _measure(plan: list[tuple[str, int]], rounds: int, settle: bool
@@ -64,12 +49,12 @@ def _measure(plan: list[tuple[str, int]], rounds: int, settle: bool
                  "exchange": lambda b=buf, o=back: bench.swap(b, o, SEGMENT_BYTES)}
         for call in sides.values():  # warm up; size the blocks
             call()
-        once = _block(sides["colltutor"], 1)
-        calls = max(1, min(50, int(BLOCK_SECONDS / max(once, 1e-6))))
+        calls = bench.calls_per_block(sides["colltutor"])  # blocks of about 50 ms
         times: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):
             for side, call in sides.items():
-                times[side].append(_block(call, calls, calls if settle else 0))
+                times[side].append(bench.time_calls(call, calls,
+                                                    calls if settle else 0))
         native, ours, pingpong, both = (statistics.median(times[s]) for s in sides)
         factor = bench.FACTORS[collective](case.p)
         rows.append({

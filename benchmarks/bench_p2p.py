@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-import torch.distributed as dist
 
 import colltutor
 from colltutor import bench
@@ -39,10 +37,7 @@ def _rank(nbytes: int, pieces: list[int], rounds: int) -> dict[str, float]:
         call()
     for _ in range(rounds):
         for name, (call, trips) in calls.items():
-            dist.barrier()
-            start = time.perf_counter()
-            call()
-            times[name].append(bench._slowest(time.perf_counter() - start) / trips)
+            times[name].append(bench.time_calls(call, 1, 0) / trips)
     return {name: nbytes / statistics.median(t) for name, t in times.items()}
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -43,26 +42,17 @@ def _rank(collective: str, sizes: list[int], rounds: int) -> dict[int, dict]:
     out = {}
     for nbytes in sizes:
         case = bench.Case(collective, nbytes, torch.float32, dist.ReduceOp.SUM)
-        sides = {(who, placed): who for who in ("native", "default")
-                 for placed in (False, True)}
+        sides = [(who, placed) for who in ("native", "default")
+                 for placed in (False, True)]
         times: dict[tuple, list[float]] = {side: [] for side in sides}
         for who in ("native", "default"):  # the first colltutor call places threads
             case.call(who)
-        dist.barrier()
-        start = time.perf_counter()
-        case.call("default")
-        once = bench._slowest(time.perf_counter() - start)
-        calls = max(1, min(50, int(0.05 / max(once, 1e-6))))  # blocks of about 50 ms
+        calls = bench.calls_per_block(lambda c=case: c.call("default"))  # ~50 ms
         for _ in range(rounds):
             for (who, placed) in sides:
                 _placement(placed)
-                case.call(who)  # once more after moving threads
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    case.call(who)
-                times[(who, placed)].append(
-                    bench._slowest((time.perf_counter() - start) / calls))
+                times[(who, placed)].append(  # one call first, after moving threads
+                    bench.time_calls(lambda c=case, w=who: c.call(w), calls, 1))
         out[nbytes] = {side: statistics.median(t) for side, t in times.items()}
     _placement(True)
     return out

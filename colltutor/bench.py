@@ -163,6 +163,14 @@ def time_calls(call: Callable[[], None], iters: int, warmup: int) -> float:
     return _slowest((time.perf_counter() - start) / max(iters, 1))
 
 
+def calls_per_block(call: Callable[[], None], seconds: float = 0.05,
+                    most: int = 50) -> int:
+    """How many calls of ``call`` last about ``seconds`` (1 to ``most``), the same
+    number on every rank: the size of an alternating benchmark's timed blocks."""
+    once = time_calls(call, 1, 0)
+    return max(1, min(most, int(seconds / max(once, 1e-6))))
+
+
 def wrong(case: Case, algorithm: str) -> int:
     """Elements of ``algorithm``'s result that differ from torch's, over all ranks."""
     case.reset()
