@@ -103,9 +103,9 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
     collectives on a group always run in the order the program issued them.
     """
     group = group if group is not None else dist.group.WORLD
-    if not _is_member(group):
-        return None
     comm = Comm(group, tag=COLLECTIVE_TAG)
+    if comm.rank < 0:  # not a member of the group: nothing to do, as in torch
+        return None
     checks.agree(comm)  # ranks agree on the call before any message moves
     if async_op:
         return Work(_worker(group).submit(_reusing_scratch, body, comm))
@@ -123,10 +123,6 @@ def _reusing_scratch(body: Callable[[Comm], Any], comm: Comm) -> None:
 COLLECTIVE_TAG = 0x3FFF_FFF0
 """The tag of every collective's messages, so that they never match a user's pending
 point-to-point messages of the same pair (gloo matches by peer and tag)."""
-
-
-def _is_member(group: ProcessGroup) -> bool:
-    return membership(group).rank >= 0
 
 
 def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | None,
@@ -156,7 +152,7 @@ def _flat(tensor: torch.Tensor, what: str = "tensor") -> torch.Tensor:
         raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
-    return tensor.view(-1)
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
 
 
 def _joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:

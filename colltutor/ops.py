@@ -27,6 +27,8 @@ _COMBINE: dict[object, Callable[[torch.Tensor, torch.Tensor], object]] = {
 
 BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 ALL_OPS = tuple(_COMBINE)
+_BITWISE = dict.fromkeys(BITWISE)  # looked up by hash, as _COMBINE is: a tuple's ``in``
+_AVG = dict.fromkeys([ReduceOp.AVG])  # compares one by one, a microsecond per call
 
 
 def op_name(op: object) -> str:
@@ -38,12 +40,12 @@ def validate(op: object, dtype: torch.dtype) -> None:
     """Refuse what torch refuses, with a clearer message, before any message moves."""
     if op not in _COMBINE:
         raise ValueError(f"colltutor does not support reduce op {op!r}")
-    if op in BITWISE and (dtype.is_floating_point or dtype.is_complex):
+    if (dtype.is_floating_point or dtype.is_complex) and op in _BITWISE:
         raise TypeError(
             f"Cannot use ReduceOp.{op_name(op)} with non-integral dtype {dtype}: "
             "bitwise reductions need an integer or bool tensor"
         )
-    if op == ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+    if op in _AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise TypeError(
             f"Cannot use ReduceOp.AVG with integer dtype {dtype}: the average of "
             "integers is not an integer; reduce with SUM and divide yourself"
@@ -57,5 +59,5 @@ def combine(op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
 
 def finish(op: object, result: torch.Tensor, size: int) -> None:
     """The last touch of a finished reduction: AVG divides the SUM by ``size``."""
-    if op == ReduceOp.AVG:
+    if op in _AVG:
         result.div_(size)

@@ -129,12 +129,16 @@ def membership(group: dist.ProcessGroup | None = None) -> Membership:
     ``destroy_process_group`` lets go of must not live on (gloo's threads would
     then be torn down at interpreter exit, where they can hang)."""
     group = group if group is not None else dist.group.WORLD
-    if group not in _groups:
+    found = _groups.get(group)
+    if found is None:
         ranks = dist.get_process_group_ranks(group)
         rank = ranks.index(dist.get_rank()) if dist.get_rank() in ranks else -1
         backend = str(dist.get_backend(group)).lower() if rank >= 0 else ""
-        _groups[group] = Membership(rank, len(ranks), backend, ranks)
-    return _groups[group]
+        found = _groups[group] = Membership(rank, len(ranks), backend, ranks)
+        if backend == "gloo":  # the group's I/O threads have started: place them
+            world = membership(None)
+            place_threads(os.getpid(), world.rank, world.size)
+    return found
 
 
 class Comm:
@@ -154,9 +158,6 @@ class Comm:
         self.phases: list[str] = []
         self.steps = 0
         self.observers = _observers.get()
-        if self.backend == "gloo":
-            world = membership(None)
-            place_threads(os.getpid(), world.rank, world.size)
 
     @property
     def batched(self) -> bool:
@@ -171,10 +172,7 @@ class Comm:
     def post(self, sends: Iterable[Message] = (), recvs: Iterable[Message] = ()
              ) -> Pending:
         """Start one step: post every receive and send, return without waiting."""
-        sends = [(peer, t) for peer, t in sends if t.numel() > 0]
-        recvs = [(peer, t) for peer, t in recvs if t.numel() > 0]
-        for peer, tensor in sends + recvs:
-            self._check(peer, tensor)
+        sends, recvs = self._kept(sends), self._kept(recvs)
         self.steps += 1
         for observer in self.observers:
             observer.posted(self, sends, recvs)
@@ -233,13 +231,16 @@ class Comm:
             return like.new_empty(numel)
         key = (like.device, state["next"])
         state["next"] += 1
+        raw, view = state["buffers"].get(key, (None, None))
+        if view is not None and view.dtype == like.dtype and view.numel() == numel:
+            return view  # the same request as last time (the usual case)
         nbytes = numel * like.element_size()
-        raw = state["buffers"].get(key)
         if raw is None or raw.numel() < nbytes:
             state["buffers"][key] = None  # free the old one first
-            raw = state["buffers"][key] = torch.empty(nbytes, dtype=torch.uint8,
-                                                      device=like.device)
-        return raw[:nbytes].view(like.dtype)
+            raw = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        view = raw[:nbytes].view(like.dtype)
+        state["buffers"][key] = raw, view
+        return view
 
     def _start(self, fn: Callable, tensor: torch.Tensor, peer: int):
         # what dist.isend / dist.irecv do once their arguments are checked
@@ -250,13 +251,20 @@ class Comm:
     def _op(self, fn: Callable, tensor: torch.Tensor, peer: int) -> dist.P2POp:
         return dist.P2POp(fn, tensor, self.global_ranks[peer], self.group, self.tag)
 
-    def _check(self, peer: int, tensor: torch.Tensor) -> None:
-        if not 0 <= peer < self.size or peer == self.rank:
-            raise ValueError(
-                f"rank {self.rank} addressed peer {peer} in a group of {self.size}"
-            )
-        if not tensor.is_contiguous():
-            raise ValueError("point-to-point messages must be contiguous tensors")
+    def _kept(self, messages: Iterable[Message]) -> list[Message]:
+        """The messages worth posting (empty ones are skipped), checked."""
+        kept = []
+        for peer, tensor in messages:
+            if tensor.numel() == 0:
+                continue
+            if not 0 <= peer < self.size or peer == self.rank:
+                raise ValueError(
+                    f"rank {self.rank} addressed peer {peer} in a group of {self.size}"
+                )
+            if not tensor.is_contiguous():
+                raise ValueError("point-to-point messages must be contiguous tensors")
+            kept.append((peer, tensor))
+        return kept
 
 
 @functools.cache

@@ -47,9 +47,9 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor) -> None:
     and gets the whole result back at the end (+2 alpha + about n beta).
     Chapter 5, All-Gather and Reduce-Scatter.
     """
-    p, rank = comm.size, comm.rank
+    p, rank, top = comm.size, comm.rank, fold.pof2(comm.size)
     chunk = blocks(buf, p)
-    folded = rank < 2 * (p - fold.pof2(p))
+    folded = rank < 2 * (p - top)
     # 1. fold in: an even rank of a folded pair gives its block to rank+1
     if folded and rank % 2 == 0:
         comm.send(chunk[rank], rank + 1)
@@ -58,7 +58,7 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor) -> None:
     # 2. doubling: I hold the blocks of my aligned group of `mask` virtual ranks
     v = fold.virtual(rank, p)
     mask = 1
-    while v is not None and mask < fold.pof2(p):
+    while v is not None and mask < top:
         partner = v ^ mask
         mine, theirs = v - v % mask, partner - partner % mask
         comm.sendrecv(fold.vspan(buf, p, mine, mine + mask), fold.real(partner, p),

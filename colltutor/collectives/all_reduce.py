@@ -137,8 +137,8 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor, op: object) -> None:
     (:mod:`colltutor.collectives.fold`): +2 alpha + 2 n beta + n gamma.
     Chapter 6, All-Reduce.
     """
-    p, rank = comm.size, comm.rank
-    folded = rank < 2 * (p - fold.pof2(p))
+    p, rank, top = comm.size, comm.rank, fold.pof2(comm.size)
+    folded = rank < 2 * (p - top)
     slots = segment_slots(comm, buf, buf.numel())
     # 1. fold in: an even rank of a folded pair adds its buffer into rank+1's
     if folded and rank % 2 == 0:
@@ -148,7 +148,7 @@ def recursive_doubling(comm: Comm, buf: torch.Tensor, op: object) -> None:
     # 2. doubling among the p' virtual ranks: swap whole buffers and combine
     v = fold.virtual(rank, p)
     mask = 1
-    while v is not None and mask < fold.pof2(p):
+    while v is not None and mask < top:
         partner = fold.real(v ^ mask, p)
         reduce_step(comm, op, slots, send=(partner, buf), recv=(partner, buf))
         mask *= 2

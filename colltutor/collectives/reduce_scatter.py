@@ -44,9 +44,11 @@ def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
     when they fit, so they cost nothing more.
     """
     size, count = _slot_shape(buf, largest)
-    if spare is not None and spare.numel() >= size * count:
-        return list(spare[:size * count].split(size))
-    return list(comm.scratch(size * count, buf).split(size))
+    if spare is None or spare.numel() < size * count:
+        spare = comm.scratch(size * count, buf)
+    if count == 1:
+        return [_prefix(spare, size)]
+    return [spare.narrow(0, i * size, size) for i in range(count)]
 
 
 def _slot_shape(buf: torch.Tensor, largest: int) -> tuple[int, int]:
@@ -76,25 +78,31 @@ def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
     src, acc = recv if recv else (0, None)
     sends = _segments(outgoing, size) if send else []
     recvs = _segments(acc, size) if recv else []
-    if mine is None:  # land in a slot, combine into acc
-        landing = [slots[i % len(slots)][:part.numel()] for i, part in enumerate(recvs)]
-        pairs = list(zip(recvs, landing, strict=True))
+    if mine is None:  # land in a slot, combine it into acc
+        landing = [_prefix(slots[i % len(slots)], part.numel())
+                   for i, part in enumerate(recvs)]
+        addends = landing
     else:  # land in acc, combine my own contribution into it
         landing = recvs
-        pairs = list(zip(recvs, _segments(mine, size) if recv else [], strict=True))
+        addends = _segments(mine, size) if recv else []
 
     def post(i: int):
         return comm.post(sends=[(dst, sends[i])] if i < len(sends) else [],
                          recvs=[(src, landing[i])] if i < len(recvs) else [])
 
     segments = max(len(sends), len(recvs))
-    in_flight = {i: post(i) for i in range(min(len(slots), segments))}
+    posted = [post(i) for i in range(min(len(slots), segments))]
     for i in range(segments):
-        in_flight.pop(i).wait()
+        posted[i].wait()
         if i < len(recvs):
-            ops.combine(op, *pairs[i])
+            ops.combine(op, recvs[i], addends[i])
         if i + len(slots) < segments:
-            in_flight[i + len(slots)] = post(i + len(slots))
+            posted.append(post(i + len(slots)))
+
+
+def _prefix(slot: torch.Tensor, numel: int) -> torch.Tensor:
+    """The first ``numel`` elements of ``slot`` (the slot itself when that is all)."""
+    return slot if slot.numel() == numel else slot.narrow(0, 0, numel)
 
 
 def _segments(tensor: torch.Tensor, size: int) -> list[torch.Tensor]:
