@@ -461,7 +461,7 @@ def _split(tensor: torch.Tensor, sizes: Sequence[int] | None, parts: int, what: 
             f"{what} split sizes {list(sizes)} must be {parts} non-negative numbers "
             f"adding up to its first dimension ({rows})"
         )
-    return list(flat.split([s * row for s in sizes]))
+    return list(flat.split_with_sizes([s * row for s in sizes]))
 
 
 @checks.collective

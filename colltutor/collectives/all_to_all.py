@@ -106,7 +106,7 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
         comm.sendrecv(packed, (rank + d) % p, arrived, (rank - d) % p)
         # 4. unpack: a block whose last move this was goes home; the others wait
         #    in the output their position ends in (free until then), if they fit
-        for i, part in zip(moving, arrived.split(lengths), strict=True):
+        for i, part in zip(moving, arrived.split_with_sizes(lengths), strict=True):
             home = outputs[(rank - i) % p]
             if i < 2 * d or home.numel() == part.numel():
                 held[i] = home.copy_(part)
