@@ -127,7 +127,9 @@ def membership(group: dist.ProcessGroup | None = None) -> Membership:
     of ``torch.distributed`` once per group: on small messages a collective spent
     more time asking than sending.  The table holds its groups weakly: a group that
     ``destroy_process_group`` lets go of must not live on (gloo's threads would
-    then be torn down at interpreter exit, where they can hang)."""
+    then be torn down at interpreter exit, where they can hang).  Meeting a gloo
+    group for the first time is also when gloo's threads are placed
+    (:func:`place_threads`), rather than once per collective."""
     group = group if group is not None else dist.group.WORLD
     found = _groups.get(group)
     if found is None:
