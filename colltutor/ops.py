@@ -25,10 +25,11 @@ _COMBINE: dict[object, Callable[[torch.Tensor, torch.Tensor], object]] = {
     ReduceOp.BXOR: torch.Tensor.bitwise_xor_,
 }
 
-BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+# sets, looked up by hash as _COMBINE is: ``op == ReduceOp.AVG`` and a tuple's ``in``
+# compare op by op, which cost a microsecond on every collective
+BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
+_AVG = frozenset({ReduceOp.AVG})
 ALL_OPS = tuple(_COMBINE)
-_BITWISE = dict.fromkeys(BITWISE)  # looked up by hash, as _COMBINE is: a tuple's ``in``
-_AVG = dict.fromkeys([ReduceOp.AVG])  # compares one by one, a microsecond per call
 
 
 def op_name(op: object) -> str:
@@ -40,7 +41,7 @@ def validate(op: object, dtype: torch.dtype) -> None:
     """Refuse what torch refuses, with a clearer message, before any message moves."""
     if op not in _COMBINE:
         raise ValueError(f"colltutor does not support reduce op {op!r}")
-    if (dtype.is_floating_point or dtype.is_complex) and op in _BITWISE:
+    if (dtype.is_floating_point or dtype.is_complex) and op in BITWISE:
         raise TypeError(
             f"Cannot use ReduceOp.{op_name(op)} with non-integral dtype {dtype}: "
             "bitwise reductions need an integer or bool tensor"

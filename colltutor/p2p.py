@@ -238,7 +238,7 @@ class Comm:
             return view  # the same request as last time (the usual case)
         nbytes = numel * like.element_size()
         if raw is None or raw.numel() < nbytes:
-            state["buffers"][key] = None  # free the old one first
+            state["buffers"][key] = raw = view = None  # free the old one first
             raw = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
         view = raw[:nbytes].view(like.dtype)
         state["buffers"][key] = raw, view
