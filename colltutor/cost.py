@@ -398,9 +398,10 @@ def _pipelined_all_reduce(p: int, n: float) -> tuple[float, float, float]:
     """all_reduce.pipelined_ring: k columns of segments, one behind the other;
     every link is busy throughout, so the bytes are the ring's, and only the last
     column's reductions are not hidden behind a transfer."""
-    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+    from colltutor.collectives.all_reduce import ring_segment_bytes
 
-    k = max(1, -(-int(n) // (p * SEGMENT_BYTES)))
+    block = -(-int(n) // p)
+    k = max(1, -(-block // ring_segment_bytes(block, p)))
     return 2 * (p - 1) + k - 1, 2 * (p - 1) / p * n, (p - 1) / p * n / k
 
 

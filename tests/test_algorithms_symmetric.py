@@ -250,7 +250,18 @@ def check_ring_trace(comm: Comm, failures: list[str]) -> int:
         if sum(seen.sends) != 2 * (p - 1) * n // p or len(seen.sends) < 2 * (p - 1):
             failures.append(f"ring trace n={n}: {len(seen.sends)} sends, "
                             f"{sum(seen.sends)} elements")
-    return 2
+    # the pipelined ring on 16 MiB: 4 MiB blocks, cut into 1 MiB segments on 4 ranks
+    # (all_reduce.RING_BYTES), a column of 6 steps each; the sum is still right
+    n = 4 << 20
+    x = torch.full((n,), float(comm.rank))
+    with p2p.observe(CountSends()) as seen, p2p.reusing_scratch():
+        all_reduce.pipelined_ring(Comm(), x, R.SUM)
+    if seen.sends != [n // p // 4] * 4 * 2 * (p - 1):
+        failures.append(f"pipelined ring trace: {len(seen.sends)} sends of "
+                        f"{sorted(set(seen.sends))} elements")
+    if not torch.equal(x, torch.full((n,), float(sum(range(p))))):
+        failures.append("pipelined ring 16 MiB: wrong sum")
+    return 3
 
 
 def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:

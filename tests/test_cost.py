@@ -122,3 +122,19 @@ def test_fit_recovers_the_parameters():
     assert got["alpha"] == pytest.approx(alpha)
     assert got["beta"] == pytest.approx(beta)
     assert got["gamma"] == pytest.approx(gamma)
+
+
+def test_ring_segments_keep_the_ring_in_cache() -> None:
+    """pipelined_ring's segments: 2 MiB while a block fits one; beyond that, two
+    columns of p segments hold at most RING_BYTES (8 MiB), but no segment under
+    256 KiB; the cost model counts the same columns."""
+    from colltutor.collectives.all_reduce import RING_BYTES, ring_segment_bytes
+
+    MiB = 1 << 20
+    assert ring_segment_bytes(2 * MiB, 4) == 2 * MiB  # one column
+    assert [ring_segment_bytes(4 * MiB, p) for p in (2, 4, 8, 16, 64)] == [
+        2 * MiB, MiB, MiB // 2, MiB // 4, MiB // 4]
+    for p in (2, 3, 4, 8):
+        assert 2 * p * ring_segment_bytes(64 * MiB, p) <= RING_BYTES
+    # 4 ranks, 16 MiB: 4 columns of 1 MiB, 2(p-1) + k - 1 = 9 latencies
+    assert cost.terms("all_reduce", "pipelined_ring", 4, 16 * MiB)[0] == 9

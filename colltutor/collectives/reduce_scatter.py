@@ -34,16 +34,18 @@ segments did better than 512 KiB ones (Chapter 9 measures this on your machine).
 
 
 def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
-                  spare: torch.Tensor | None = None) -> list[torch.Tensor]:
+                  spare: torch.Tensor | None = None,
+                  segment_bytes: int = SEGMENT_BYTES) -> list[torch.Tensor]:
     """Scratch for :func:`reduce_step`: one slot if a message of ``largest`` elements
-    fits one segment, else two slots of one segment each.  Every rank must call this
-    with the same ``largest`` so that all of them cut messages the same way.
+    fits one segment of at most ``segment_bytes``, else two slots of one segment
+    each.  Every rank must call this with the same ``largest`` so that all of them
+    cut messages the same way.
 
     ``spare`` is memory the caller knows it will not otherwise use (a block of an
     out-of-place ``work`` buffer that is never written): the slots are cut from it
     when they fit, so they cost nothing more.
     """
-    size, count = _slot_shape(buf, largest)
+    size, count = _slot_shape(buf, largest, segment_bytes)
     if spare is None or spare.numel() < size * count:
         spare = comm.scratch(size * count, buf)
     if count == 1:
@@ -51,9 +53,10 @@ def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
     return [spare.narrow(0, i * size, size) for i in range(count)]
 
 
-def _slot_shape(buf: torch.Tensor, largest: int) -> tuple[int, int]:
+def _slot_shape(buf: torch.Tensor, largest: int,
+                segment_bytes: int = SEGMENT_BYTES) -> tuple[int, int]:
     """(elements per slot, slots) for messages of up to ``largest`` elements."""
-    per_segment = max(1, SEGMENT_BYTES // buf.element_size())
+    per_segment = max(1, segment_bytes // buf.element_size())
     segments = max(1, -(-largest // per_segment))
     return max(1, -(-largest // segments)), min(segments, 2)
 
