@@ -395,14 +395,17 @@ def _pipelined(p: int, n: float) -> tuple[float, float, float]:
 
 
 def _pipelined_all_reduce(p: int, n: float) -> tuple[float, float, float]:
-    """all_reduce.pipelined_ring: k columns of segments, one behind the other;
-    every link is busy throughout, so the bytes are the ring's, and only the last
-    column's reductions are not hidden behind a transfer."""
-    from colltutor.collectives.all_reduce import ring_segment_bytes
+    """all_reduce.pipelined_ring: k columns of segments, d in flight (its own
+    schedule); the bytes are the ring's.  Two in flight: a pair of columns takes
+    the ring's 2(p-1) steps, and only the last column's reductions are not hidden
+    behind a transfer.  One: the ring k times over, on n/k."""
+    from colltutor.collectives.all_reduce import ring_schedule
 
     block = -(-int(n) // p)
-    k = max(1, -(-block // ring_segment_bytes(block, p)))
-    return 2 * (p - 1) + k - 1, 2 * (p - 1) / p * n, (p - 1) / p * n / k
+    segment, depth = ring_schedule(block, p)
+    k = max(1, -(-block // segment))
+    hidden = k if depth == 2 else 1
+    return 2 * (p - 1) * -(-k // depth), 2 * (p - 1) / p * n, (p - 1) / p * n / hidden
 
 
 MODEL = _model()

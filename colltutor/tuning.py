@@ -72,9 +72,10 @@ All-reduce on 4 ranks: up to 1 MiB the two binomial trees (4 steps) beat the rin
 machine (1 MiB 2.7-3.4 ms against 3.8-4.8 ms), and tie with the pipelined ring.
 Since each step's Python was trimmed, the ring ties with them at 1 MiB (2.79-2.89 ms
 against 2.73-2.91 ms, four runs) and loses at 512 KiB (2.22 ms against 1.44 ms).
-From 4 MiB the pipelined ring wins, its reductions hidden behind transfers: 16 MiB
-26-30 ms against 34-38 ms for the trees (native gloo 27-30 ms), 4 MiB 7.9-8.4 ms
-against 9.3-9.6 ms, in five runs alternating with native gloo.
+From 4 MiB the pipelined ring wins, every rank sending 1.5 n where the trees' root
+sends and receives 2 n: 16 MiB 26-30 ms against 34-38 ms for the trees (native gloo
+27-30 ms), 4 MiB 7.9-8.4 ms against 9.3-9.6 ms, in five runs alternating with
+native gloo.
 
 Broadcast and reduce: on two ranks scatter + all-gather sends the same bytes as the
 tree in two steps instead of one (2 alpha + n beta against alpha + n beta): measured

@@ -19,28 +19,33 @@ from colltutor.collectives.reduce_scatter import reduce_step, segment_slots
 from colltutor.p2p import Comm, algorithm, blocks
 
 RING_BYTES = 8 << 20
-"""What :func:`pipelined_ring` keeps in flight, all ranks together: two columns of p
+"""What :func:`pipelined_ring` keeps in flight, all ranks together: its columns of p
 segments.  Ranks on one machine share its last-level cache (32 MiB on the 2-core
-machine the course was measured on): 4 ranks with 2 MiB segments, 16 MiB in flight,
-ran 16, 32 and 64 MiB all-reduces 4-20% slower than with 1 MiB segments, in 13 of
-15 alternating runs (one tie, one the other way), while 2 ranks (8 MiB in flight)
-did as well with 2 MiB."""
+machine the course was measured on): 4 ranks with two columns of 2 MiB segments,
+16 MiB in flight, ran 16, 32 and 64 MiB all-reduces 4-20% slower than with two
+columns of 1 MiB, in 13 of 15 alternating runs (one tie, one the other way), while
+2 ranks (8 MiB in flight) did as well with 2 MiB."""
 
 
-def ring_segment_bytes(block_bytes: int, p: int) -> int:
-    """The segment size :func:`pipelined_ring` cuts its p blocks into.
+def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
+    """``(segment bytes, columns in flight)`` for :func:`pipelined_ring`.
 
-    :data:`~colltutor.collectives.reduce_scatter.SEGMENT_BYTES` when a block fits
-    one (a single column: nothing else is in flight); otherwise small enough that
-    the two columns in flight hold at most :data:`RING_BYTES` (2 MiB segments on 2
-    ranks, 1 MiB on 4, 512 KiB on 8), but not under 256 KiB, where a segment's
-    overhead starts to cost more than the cache saves (4 ranks, 16 MiB: 256 KiB
-    segments ran about 30% slower than 1 MiB ones).
+    A block that fits one segment
+    (:data:`~colltutor.collectives.reduce_scatter.SEGMENT_BYTES`) makes a single
+    column: the ring itself.  Otherwise the columns in flight, p
+    segments each, hold at most :data:`RING_BYTES`, and the budget goes to longer
+    segments before a second column: each segment is a message, with its
+    overhead, and another rank's work fills a core while one rank adds.  So two
+    columns of 2 MiB on 2 ranks, one column of 2 MiB on 3 or 4 ranks, of 1 MiB on
+    8, never under 256 KiB.  On 4 ranks one column of 2 MiB ran 16 and 32 MiB
+    all-reduces faster than two of 1 MiB in 28 of 31 alternating runs (a median
+    6.5% at 16 MiB), and tied at 64 MiB; on 2 ranks two columns beat one.
     """
     most = reduce_scatter.SEGMENT_BYTES
     if block_bytes <= most:
-        return most
-    return min(most, max(256 << 10, RING_BYTES // (2 * p)))
+        return most, 1
+    segment = min(most, max(256 << 10, RING_BYTES // p))
+    return segment, 2 if 2 * p * segment <= RING_BYTES else 1
 
 
 @algorithm
@@ -101,24 +106,26 @@ def ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
 def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     """The ring as NCCL runs it: columns of segments follow each other round it.
 
-    Every block is cut into k segments of at most :func:`ring_segment_bytes`
-    (the cache the ranks share sets it); segment j of
-    every block makes column j, and each column goes through the 2(p-1) steps of
-    :func:`ring` on its own (p-1 reduce-scatter steps, then p-1 all-gather steps).
-    Two columns travel at once, so while one column's all-gather moves finished
-    segments, the next column's reduce-scatter moves partial sums, and every
-    reduction overlaps a transfer.  :func:`ring` waits for the whole reduce-scatter
-    before the all-gather starts.  Messages: 2(p-1) k; bytes as :func:`ring`.
-    Cost: (2(p-1) + k - 1) alpha + 2((p-1)/p) n beta + ((p-1)/p) (n/k) gamma: only
-    the last column's reductions wait.  Chapter 6, All-Reduce.
+    Every block is cut into k segments (:func:`ring_schedule` sets their length);
+    segment j of every block makes column j, and each column goes through the
+    2(p-1) steps of :func:`ring` on its own (p-1 reduce-scatter steps, then p-1
+    all-gather steps).  With two columns in flight every step moves one column's
+    segments while the other's are added, so the reductions overlap transfers;
+    with one (when two would not fit the cache the ranks share) the columns go
+    round one after the other, each message short enough to stay in the cache
+    where :func:`ring`'s whole blocks do not.  Messages: 2(p-1) k; bytes as
+    :func:`ring`.  Cost, d columns in flight: 2(p-1) ceil(k/d) alpha +
+    2((p-1)/p) n beta + ((p-1)/p) (n/k) gamma for d = 2 (only the last column's
+    reductions wait), ((p-1)/p) n gamma for d = 1.  Chapter 6, All-Reduce.
     """
     p, rank = comm.size, comm.rank
     if p == 1:
         return ops.finish(op, buf, p)
     left, right = (rank - 1) % p, (rank + 1) % p
     chunks = blocks(buf, p)
-    segment = ring_segment_bytes(chunks[0].numel() * buf.element_size(), p)
-    slots = segment_slots(comm, buf, chunks[0].numel(), segment_bytes=segment)
+    segment, depth = ring_schedule(chunks[0].numel() * buf.element_size(), p)
+    slots = segment_slots(comm, buf, chunks[0].numel(), segment_bytes=segment,
+                          in_flight=depth)
     k = max(1, -(-chunks[0].numel() // max(1, slots[0].numel())))
     columns = list(zip(*(blocks(chunk, k) for chunk in chunks)))
 
@@ -133,7 +140,7 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
         return comm.post(sends=[(right, column[(rank - step) % p])],
                          recvs=[(left, column[(rank - step - 1) % p])])
 
-    # 1. the first columns start; every rank walks the same schedule
+    # 1. the first columns start (one slot each); every rank walks the same schedule
     in_flight = deque((j, 0, start(j, 0)) for j in range(min(len(slots), k)))
     started = len(in_flight)
     while in_flight:

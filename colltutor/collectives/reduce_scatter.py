@@ -35,17 +35,18 @@ segments did better than 512 KiB ones (Chapter 9 measures this on your machine).
 
 def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
                   spare: torch.Tensor | None = None,
-                  segment_bytes: int = SEGMENT_BYTES) -> list[torch.Tensor]:
+                  segment_bytes: int = SEGMENT_BYTES, in_flight: int = 2
+                  ) -> list[torch.Tensor]:
     """Scratch for :func:`reduce_step`: one slot if a message of ``largest`` elements
-    fits one segment of at most ``segment_bytes``, else two slots of one segment
-    each.  Every rank must call this with the same ``largest`` so that all of them
-    cut messages the same way.
+    fits one segment of at most ``segment_bytes``, else ``in_flight`` slots (two
+    unless the caller says) of one segment each.  Every rank must call this with
+    the same ``largest`` so that all of them cut messages the same way.
 
     ``spare`` is memory the caller knows it will not otherwise use (a block of an
     out-of-place ``work`` buffer that is never written): the slots are cut from it
     when they fit, so they cost nothing more.
     """
-    size, count = _slot_shape(buf, largest, segment_bytes)
+    size, count = _slot_shape(buf, largest, segment_bytes, in_flight)
     if spare is None or spare.numel() < size * count:
         spare = comm.scratch(size * count, buf)
     if count == 1:
@@ -53,12 +54,12 @@ def segment_slots(comm: Comm, buf: torch.Tensor, largest: int,
     return [spare.narrow(0, i * size, size) for i in range(count)]
 
 
-def _slot_shape(buf: torch.Tensor, largest: int,
-                segment_bytes: int = SEGMENT_BYTES) -> tuple[int, int]:
+def _slot_shape(buf: torch.Tensor, largest: int, segment_bytes: int = SEGMENT_BYTES,
+                in_flight: int = 2) -> tuple[int, int]:
     """(elements per slot, slots) for messages of up to ``largest`` elements."""
     per_segment = max(1, segment_bytes // buf.element_size())
     segments = max(1, -(-largest // per_segment))
-    return max(1, -(-largest // segments)), min(segments, 2)
+    return max(1, -(-largest // segments)), min(segments, in_flight)
 
 
 def reduce_step(comm: Comm, op: object, slots: list[torch.Tensor],
