@@ -250,13 +250,14 @@ def check_ring_trace(comm: Comm, failures: list[str]) -> int:
         if sum(seen.sends) != 2 * (p - 1) * n // p or len(seen.sends) < 2 * (p - 1):
             failures.append(f"ring trace n={n}: {len(seen.sends)} sends, "
                             f"{sum(seen.sends)} elements")
-    # the pipelined ring on 16 MiB: 4 MiB blocks, cut into 2 MiB segments on 4 ranks
-    # (all_reduce.ring_schedule), two columns of 6 steps; the sum is still right
+    # the pipelined ring on 16 MiB: 4 MiB blocks on 4 ranks, cut into three segments
+    # of at most 1.5 MiB (all_reduce.ring_schedule), three columns of 6 steps; the
+    # sum is still right
     n = 4 << 20
     x = torch.full((n,), float(comm.rank))
     with p2p.observe(CountSends()) as seen, p2p.reusing_scratch():
         all_reduce.pipelined_ring(Comm(), x, R.SUM)
-    if seen.sends != [n // p // 2] * 2 * 2 * (p - 1):
+    if sorted(seen.sends) != sorted(block_sizes(n // p, 3) * 2 * (p - 1)):
         failures.append(f"pipelined ring trace: {len(seen.sends)} sends of "
                         f"{sorted(set(seen.sends))} elements")
     if not torch.equal(x, torch.full((n,), float(sum(range(p))))):
@@ -267,16 +268,16 @@ def check_ring_trace(comm: Comm, failures: list[str]) -> int:
 def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
     """The pipelined ring with many columns (segments of 64 bytes instead of
     2 MiB): uneven blocks and columns, two columns in flight, then one at a time
-    (a budget too small for two: all_reduce.ring_schedule), AVG divided once."""
-    saved = reduce_scatter.SEGMENT_BYTES, all_reduce.RING_BYTES
+    (all_reduce.TWO_COLUMNS_UP_TO below the ranks), AVG divided once."""
+    saved = reduce_scatter.SEGMENT_BYTES, all_reduce.TWO_COLUMNS_UP_TO
     reduce_scatter.SEGMENT_BYTES = 64
     try:
         cases = 0
-        for budget, n, (dtype, op, kind) in [
-                (budget, n, r) for budget in (saved[1], 64)
+        for up_to, n, (dtype, op, kind) in [
+                (up_to, n, r) for up_to in (comm.size, 1)
                 for n in (15, 16, 17, 100, 1000, 4099)
                 for r in REDUCTIONS_TINY + REDUCTIONS_MID]:
-            all_reduce.RING_BYTES = budget
+            all_reduce.TWO_COLUMNS_UP_TO = up_to
             x = make_data(n, dtype, kind, op, seed=7 * n + comm.rank)
             sumabs = x.double().abs()
             dist.all_reduce(sumabs)
@@ -286,11 +287,11 @@ def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
             want = native_all_reduce(x, op)
             if mismatch(got, want, kind, sumabs):
                 failures.append(f"pipelined_ring columns n={n} {dtype} {op} "
-                                f"RING_BYTES={budget}")
+                                f"columns={2 if up_to else 1}")
             cases += 1
         return cases
     finally:
-        reduce_scatter.SEGMENT_BYTES, all_reduce.RING_BYTES = saved
+        reduce_scatter.SEGMENT_BYTES, all_reduce.TWO_COLUMNS_UP_TO = saved
 
 
 def check_world() -> tuple[list[str], int]:

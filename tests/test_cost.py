@@ -131,22 +131,24 @@ def test_fit_recovers_the_parameters():
 
 def test_ring_schedule_keeps_the_ring_in_cache() -> None:
     """pipelined_ring's schedule: one 2 MiB column while a block fits one segment;
-    beyond that the columns in flight, p segments each, hold at most RING_BYTES,
-    longer segments first (up to 2 MiB, not under 256 KiB), then a second
-    column; the cost model counts the same columns."""
+    beyond that two columns on up to TWO_COLUMNS_UP_TO ranks, one on more, and the
+    columns in flight, p segments each, share RING_BYTES (segments up to 2 MiB,
+    not under 256 KiB); the cost model counts the same columns."""
+    from colltutor.collectives import all_reduce
     from colltutor.collectives.all_reduce import RING_BYTES, ring_schedule
 
     MiB = 1 << 20
     assert ring_schedule(2 * MiB, 4) == (2 * MiB, 1)  # one column: the ring
     assert [ring_schedule(4 * MiB, p) for p in (2, 3, 4, 8, 16, 64)] == [
-        (2 * MiB, 2), (2 * MiB, 1), (2 * MiB, 1), (MiB, 1), (MiB // 2, 1),
-        (MiB // 4, 1)]
-    for p in (2, 3, 4, 8, 16):
+        (3 * MiB // 2, 2), (MiB, 2), (3 * MiB // 2, 1), (3 * MiB // 4, 1),
+        (3 * MiB // 8, 1), (MiB // 4, 1)]
+    for p in (2, 3, 4, 5, 8, 16):
         segment, depth = ring_schedule(64 * MiB, p)
+        assert depth == (2 if p <= all_reduce.TWO_COLUMNS_UP_TO else 1)
         assert depth * p * segment <= RING_BYTES
-    # 4 ranks, 16 MiB: 2 columns of 2 MiB one after the other, 2 x 6 steps, no
-    # reduction hidden; 2 ranks, 64 MiB: 16 columns, two in flight, 8 x 2 steps
+    # 4 ranks, 16 MiB: 3 columns of 4/3 MiB one after the other, 3 x 6 steps, no
+    # reduction hidden; 2 ranks, 64 MiB: 22 columns, two in flight, 11 x 2 steps
     assert cost.terms("all_reduce", "pipelined_ring", 4, 16 * MiB) == (
-        12, 1.5 * 16 * MiB, 0.75 * 16 * MiB)
+        18, 1.5 * 16 * MiB, 0.75 * 16 * MiB)
     assert cost.terms("all_reduce", "pipelined_ring", 2, 64 * MiB) == (
-        16, 64 * MiB, 0.5 * 64 * MiB / 16)
+        22, 64 * MiB, 0.5 * 64 * MiB / 22)

@@ -18,34 +18,47 @@ from colltutor.collectives import all_gather, broadcast, fold, reduce, reduce_sc
 from colltutor.collectives.reduce_scatter import reduce_step, segment_slots
 from colltutor.p2p import Comm, algorithm, blocks
 
-RING_BYTES = 8 << 20
+RING_BYTES = 6 << 20
 """What :func:`pipelined_ring` keeps in flight, all ranks together: its columns of p
 segments.  Ranks on one machine share its last-level cache (32 MiB on the 2-core
-machine the course was measured on): 4 ranks with two columns of 2 MiB segments,
-16 MiB in flight, ran 16, 32 and 64 MiB all-reduces 4-20% slower than with two
-columns of 1 MiB, in 13 of 15 alternating runs (one tie, one the other way), while
-2 ranks (8 MiB in flight) did as well with 2 MiB."""
+machine the course was measured on), and what is in flight sits there several
+times over: in the senders' segments, the socket buffers and the slots it lands
+in.  6 MiB did better than 8: on 2 ranks two columns of 1.5 MiB beat two of
+2 MiB in 16 of 17 alternating runs at 64 MiB (a median 5.8%; one tie) and 5 of 6
+at 16 MiB; on 4 ranks one column of 1.5 MiB beat one of 2 MiB in 11 of 12 at 16
+and 32 MiB; on 8 ranks one of 768 KiB beat one of 1 MiB by 13% twice at 64 MiB;
+and on 3 ranks one column of 2 MiB (6 MiB again) beat one of 1.5 MiB in 7 of 8."""
+
+TWO_COLUMNS_UP_TO = 3
+"""The most ranks for which :func:`pipelined_ring` sends two columns at a time.  A
+second column hides one column's additions behind the other's transfers, but
+within the same budget its segments are half as long and twice as many, each a
+message to post and wait for.  On the course's 2-core machine two columns won on
+2 ranks (one column of 3 MiB segments was 3-23% slower than two of 1.5 MiB in six
+runs) and on 3 (two of 1 MiB beat one of 2 MiB in 13 of 15 alternating runs at
+16, 32 and 64 MiB, a median 3%), and lost on 4 (one column of 1.5 MiB beat two of
+768 KiB in 10 of 12 at 16 and 32 MiB; one of 2 MiB beat two of 1 MiB in 28 of
+31).  Every rank must cut the ring the same way, so this depends on the number of
+ranks alone, not on the cores each machine reports."""
 
 
 def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
     """``(segment bytes, columns in flight)`` for :func:`pipelined_ring`.
 
     A block that fits one segment
-    (:data:`~colltutor.collectives.reduce_scatter.SEGMENT_BYTES`) makes a single
-    column: the ring itself.  Otherwise the columns in flight, p
-    segments each, hold at most :data:`RING_BYTES`, and the budget goes to longer
-    segments before a second column: each segment is a message, with its
-    overhead, and another rank's work fills a core while one rank adds.  So two
-    columns of 2 MiB on 2 ranks, one column of 2 MiB on 3 or 4 ranks, of 1 MiB on
-    8, never under 256 KiB.  On 4 ranks one column of 2 MiB ran 16 and 32 MiB
-    all-reduces faster than two of 1 MiB in 28 of 31 alternating runs (a median
-    6.5% at 16 MiB), and tied at 64 MiB; on 2 ranks two columns beat one.
+    (:data:`~colltutor.collectives.reduce_scatter.SEGMENT_BYTES`, 2 MiB) makes a
+    single column: the ring itself.  Otherwise two columns in flight on up to
+    :data:`TWO_COLUMNS_UP_TO` ranks, one beyond, and the columns in flight, p
+    segments each, share :data:`RING_BYTES`: each segment is a message, with its
+    overhead, so as long as the budget allows, up to 2 MiB and never under
+    256 KiB.  So two columns of 1.5 MiB on 2 ranks, two of 1 MiB on 3, one
+    column of 1.5 MiB on 4, of 768 KiB on 8.
     """
     most = reduce_scatter.SEGMENT_BYTES
     if block_bytes <= most:
         return most, 1
-    segment = min(most, max(256 << 10, RING_BYTES // p))
-    return segment, 2 if 2 * p * segment <= RING_BYTES else 1
+    columns = 2 if p <= TWO_COLUMNS_UP_TO else 1
+    return min(most, max(256 << 10, RING_BYTES // (columns * p))), columns
 
 
 @algorithm
@@ -111,7 +124,7 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     2(p-1) steps of :func:`ring` on its own (p-1 reduce-scatter steps, then p-1
     all-gather steps).  With two columns in flight every step moves one column's
     segments while the other's are added, so the reductions overlap transfers;
-    with one (when two would not fit the cache the ranks share) the columns go
+    with one (beyond :data:`TWO_COLUMNS_UP_TO` ranks) the columns go
     round one after the other, each message short enough to stay in the cache
     where :func:`ring`'s whole blocks do not.  Messages: 2(p-1) k; bytes as
     :func:`ring`.  Cost, d columns in flight: 2(p-1) ceil(k/d) alpha +
