@@ -287,7 +287,7 @@ def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
             want = native_all_reduce(x, op)
             if mismatch(got, want, kind, sumabs):
                 failures.append(f"pipelined_ring columns n={n} {dtype} {op} "
-                                f"columns={2 if up_to else 1}")
+                                f"columns={2 if comm.size <= up_to else 1}")
             cases += 1
         return cases
     finally:
