@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import bench, checks, tuning
-from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+from colltutor import bench, guards, tuning
+from colltutor.p2p import SEGMENT_BYTES
 
 
 def _measure(plan: list[tuple[str, int]], rounds: int, settle: bool
              ) -> list[dict[str, object]]:
-    checks.set_checks(False)
+    guards.set_checks(False)
     rows = []
     for collective, nbytes in plan:
         case = bench.Case(collective, nbytes, torch.float32, dist.ReduceOp.SUM)

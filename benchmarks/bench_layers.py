@@ -9,7 +9,7 @@ microsecond of Python a rank spends shows up about twice in the wall time.
 
   torch      dist.irecv + dist.isend, wait, add_ (receive posted first)
   post       Comm.post (checks, observers, group ranks) + ops.combine
-  step       reduce_step (segments and slots) with a fixed slot
+  step       Comm.sendrecv_reduce (segments, slots from the reused scratch memory)
   algorithm  recursive_doubling, slots from the reused scratch memory
   api        colltutor.all_reduce(..., algorithm="recursive_doubling")
   native     torch.distributed.all_reduce
@@ -29,15 +29,14 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import bench, checks, ops
+from colltutor import bench, guards, ops
 from colltutor.api import COLLECTIVE_TAG
 from colltutor.collectives.all_reduce import recursive_doubling
-from colltutor.collectives.reduce_scatter import reduce_step
 from colltutor.p2p import Comm, reusing_scratch
 
 
 def _rank(nbytes: int, rounds: int) -> dict[str, tuple[float, float]]:
-    checks.set_checks(False)
+    guards.set_checks(False)
     peer, group, op = 1 - dist.get_rank(), dist.group.WORLD, dist.ReduceOp.SUM
     x = torch.ones(max(1, nbytes // 4))
     slot = torch.empty_like(x)
@@ -55,8 +54,8 @@ def _rank(nbytes: int, rounds: int) -> dict[str, tuple[float, float]]:
         ops.combine(op, x, slot)
 
     def step() -> None:
-        reduce_step(Comm(group, tag=COLLECTIVE_TAG), op, [slot], send=(peer, x),
-                    recv=(peer, x))
+        with reusing_scratch():
+            Comm(group, tag=COLLECTIVE_TAG).sendrecv_reduce(x, peer, x, peer, op)
 
     def algorithm() -> None:
         with reusing_scratch():

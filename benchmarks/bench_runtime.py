@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import runtime
+from colltutor import _client, runtime
 from colltutor.demo import collective_function
 
 
@@ -40,7 +40,7 @@ def colltutor_all_reduce() -> float:
 
 def cpu_seconds() -> float:
     """CPU time used so far by this process, the fork server and its reaped ranks."""
-    server = runtime._fork_server
+    server = _client._fork_server
     used = time.process_time()
     if server is not None:
         t = psutil.Process(server.proc.pid).cpu_times()

@@ -4,7 +4,7 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
-from colltutor import check, cost, trace
+from colltutor import cost, trace
 from colltutor.api import (
     Work,
     algorithms,
@@ -27,7 +27,8 @@ from colltutor.api import (
     scatter,
     send,
 )
-from colltutor.checks import MismatchError, PeerArgumentError, set_checks
+from colltutor.grader import check
+from colltutor.guards import MismatchError, PeerArgumentError, set_checks
 from colltutor.ops import ReduceOp
 from colltutor.p2p import PeerLostError
 from colltutor.runtime import (

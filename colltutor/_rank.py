@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
-from colltutor import _server, p2p, runtime
+from colltutor import _ipc, p2p, status
 
 EXIT_KEY = "colltutor/exit"
 DONE_KEY = "colltutor/done"
@@ -40,7 +40,7 @@ class Channel:
         self.lock = threading.Lock()
 
     def send(self, message: tuple) -> None:
-        frame = _server.encode(message)
+        frame = _ipc.encode(message)
         with self.lock:
             view = memoryview(frame)
             while view:
@@ -50,10 +50,10 @@ class Channel:
 def child(task: dict, payload: bytes, rank: int, output: int, results: int,
           server: int) -> NoReturn:
     """Become rank ``rank``: capture output, join the group, run the function."""
-    _server.die_with_parent()
+    _ipc.die_with_parent()
     if os.getppid() != server:  # the server died before we could ask to follow it
         os._exit(71)
-    _server.set_name(f"colltutor-r{rank}")
+    _ipc.set_name(f"colltutor-r{rank}")
     _capture_output(output)
     channel = Channel(results)
     _serve_status_requests(channel)
@@ -62,7 +62,7 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
         _adopt_caller_context(task, rank)
         fn, args, kwargs = cloudpickle.loads(payload)
         store = _join_group(task, rank)
-        with p2p.observe(runtime.StepWatcher()):
+        with p2p.observe(status.StepWatcher()):
             result = fn(*args, **kwargs)
         message = ("ok", cloudpickle.dumps(result))
     except BaseException as exc:
@@ -112,7 +112,7 @@ def _serve_status_requests(channel: Channel) -> None:
     def answer() -> None:
         while True:
             signal.sigwait({signal.SIGUSR1})
-            channel.send(("status", runtime.status_text()))
+            channel.send(("status", status.status_text()))
 
     threading.Thread(target=answer, name="colltutor-status", daemon=True).start()
 

@@ -17,9 +17,6 @@ no ``if __name__ == "__main__"`` guard.
 The server reaps its ranks and tells the caller how each one ended (``exit``
 messages).  It exits, killing its ranks first, when the caller closes the control
 socket or dies (end of file, and ``PR_SET_PDEATHSIG``); ranks die with the server.
-
-Messages are length-prefixed pickles; file descriptors travel as ``SCM_RIGHTS``
-ancillary data just before the message they belong to.
 """
 
 from __future__ import annotations
@@ -27,90 +24,17 @@ from __future__ import annotations
 import errno
 import gc
 import os
-import pickle
 import selectors
 import signal
 import socket
-import struct
-from typing import Any
 
-_LENGTH = struct.Struct("!I")
-MAX_FDS = 3 * 256
-
-
-def encode(message: Any) -> bytes:
-    """One message (any picklable object) as bytes: its length, then its pickle."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LENGTH.pack(len(data)) + data
-
-
-def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None:
-    """Send one message, with the file descriptors ``fds`` attached."""
-    frame = encode(message)
-    if fds:  # attached to the first bytes, which the receiver reads alone
-        socket.send_fds(sock, [frame[:_LENGTH.size]], list(fds))
-        frame = frame[_LENGTH.size:]
-    sock.sendall(frame)
-
-
-def receive_exactly(sock: socket.socket, size: int) -> bytes:
-    """Read ``size`` bytes from a blocking socket; EOFError when it closes first."""
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("control socket closed")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def receive_message(sock: socket.socket) -> tuple[Any, list[int]]:
-    """Read one message and the file descriptors sent with it (blocking)."""
-    header, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, MAX_FDS)
-    if not header:
-        raise EOFError("control socket closed")
-    header += receive_exactly(sock, _LENGTH.size - len(header))
-    (size,) = _LENGTH.unpack(header)
-    return pickle.loads(receive_exactly(sock, size)), fds
-
-
-class FrameReader:
-    """Split a non-blocking byte stream into the messages of :func:`send_message`."""
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Any]:
-        self.buffer += data
-        messages = []
-        while len(self.buffer) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(self.buffer)
-            end = _LENGTH.size + size
-            if len(self.buffer) < end:
-                break
-            messages.append(pickle.loads(bytes(self.buffer[_LENGTH.size:end])))
-            del self.buffer[:end]
-        return messages
-
-
-def _prctl(option: int, value: Any) -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value)
-    except (OSError, AttributeError):  # not Linux
-        pass
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (thread) goes away."""
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def set_name(name: str) -> None:
-    """The name ``ps -o comm``, ``top`` and ``htop`` show (at most 15 bytes)."""
-    _prctl(15, name.encode()[:15])  # PR_SET_NAME
+from colltutor._ipc import (
+    die_with_parent,
+    receive_exactly,
+    receive_message,
+    send_message,
+    set_name,
+)
 
 
 class Server:

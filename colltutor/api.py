@@ -21,41 +21,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from colltutor import checks, collectives, ops, tuning
+from colltutor import collectives, guards, ops, registry, tuning  # noqa: F401
 from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
 
-TABLES: dict[str, dict[str, Callable]] = {
-    name: getattr(collectives, name).ALGORITHMS for name in collectives.NAMES
-}
-"""Collective name -> its table of algorithms (name -> function)."""
-
 
 def algorithms(collective: str) -> list[str]:
     """The algorithm names available for ``collective``, e.g. ``"all_reduce"``."""
-    return list(_table(collective))
+    return list(registry.find(collective))
 
 
-def _table(collective: str) -> dict[str, Callable]:
-    collective = collective.removesuffix("_tensor").removesuffix("_single")
-    if collective not in TABLES:
-        raise ValueError(
-            f"unknown collective {collective!r}; choose from {', '.join(TABLES)}"
-        )
-    return TABLES[collective]
+_guarded = guards.collective(algorithms)
+"""Every public collective runs under the agreement guards, which check the call's
+arguments against every other rank's before any message moves."""
 
 
 def _pick(collective: str, algorithm: str | None, nbytes: int | None, size: int
           ) -> Callable:
-    table = _table(collective)
+    table = registry.find(collective)
     name = algorithm or tuning.choose(collective, nbytes, size)
     if name not in table:
         raise ValueError(
             f"{collective} has no algorithm {name!r}; choose from {', '.join(table)}"
         )
-    return table[name]
+    return table[name].fn
 
 
 class Work:
@@ -106,7 +97,7 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
     comm = Comm(group, tag=COLLECTIVE_TAG)
     if comm.rank < 0:  # not a member of the group: nothing to do, as in torch
         return None
-    checks.agree(comm)  # ranks agree on the call before any message moves
+    guards.agree(comm)  # ranks agree on the call before any message moves
     if async_op:
         return Work(_worker(group).submit(_reusing_scratch, body, comm))
     if id(group) in _workers:
@@ -190,7 +181,7 @@ def recv(tensor: torch.Tensor, src: int | None = None,
     """Receive into ``tensor`` from ``src`` (any rank when None); return the sender."""
     if src is None and group_src is None:
         comm = Comm(group, tag=tag)
-        return comm.global_ranks[checks.receive_any(comm, _flat(tensor))]
+        return comm.global_ranks[guards.receive_any(comm, _flat(tensor))]
     irecv(tensor, src, group, tag, group_src).wait()
     group = group if group is not None else dist.group.WORLD
     return dist.get_global_rank(group, _group_rank(group, src, group_src, "src"))
@@ -201,7 +192,7 @@ def isend(tensor: torch.Tensor, dst: int | None = None,
           group_dst: int | None = None) -> Pending:
     """Start sending ``tensor`` to ``dst``; returns a handle with ``wait()``."""
     peer = _group_rank(group, dst, group_dst, "dst")
-    return checks.send(Comm(group, tag=tag), peer, _flat(tensor), tensor.shape)
+    return guards.send(Comm(group, tag=tag), peer, _flat(tensor), tensor.shape)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None,
@@ -209,13 +200,13 @@ def irecv(tensor: torch.Tensor, src: int | None = None,
           group_src: int | None = None) -> Pending:
     """Start receiving into ``tensor`` from ``src``; returns a waitable handle."""
     peer = _group_rank(group, src, group_src, "src")
-    return checks.receive(Comm(group, tag=tag), peer, _flat(tensor))
+    return guards.receive(Comm(group, tag=tag), peer, _flat(tensor))
 
 
 # -- rooted collectives -----------------------------------------------------------
 
 
-@checks.collective
+@_guarded
 def broadcast(tensor: torch.Tensor, src: int | None = None,
               group: ProcessGroup | None = None, async_op: bool = False,
               group_src: int | None = None, *, algorithm: str | None = None):
@@ -229,7 +220,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM,
            group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None, *, algorithm: str | None = None):
@@ -245,7 +236,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM,
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: ProcessGroup | None = None,
            async_op: bool = False, group_dst: int | None = None, *,
@@ -270,7 +261,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
             src: int | None = None, group: ProcessGroup | None = None,
             async_op: bool = False, group_src: int | None = None, *,
@@ -299,7 +290,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
 # -- symmetric collectives --------------------------------------------------------
 
 
-@checks.collective
+@_guarded
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False, *, algorithm: str | None = None):
     """Reduce every rank's ``tensor`` with ``op``; every rank gets the result
@@ -313,7 +304,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group: ProcessGroup | None
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                            group: ProcessGroup | None = None, async_op: bool = False,
                            *, algorithm: str | None = None):
@@ -329,7 +320,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: ProcessGroup | None = None, async_op: bool = False, *,
                algorithm: str | None = None):
@@ -351,7 +342,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
                           group: ProcessGroup | None = None, async_op: bool = False,
                           *, algorithm: str | None = None):
@@ -364,7 +355,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     return _reduce_scatter_into(out, [full], op, group, async_op, algorithm)
 
 
-@checks.collective
+@_guarded
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                    op=ReduceOp.SUM,
                    group: ProcessGroup | None = None, async_op: bool = False, *,
@@ -396,7 +387,7 @@ def _reduce_scatter_into(out: torch.Tensor, inputs: list[torch.Tensor], op, grou
     return _launch(group, async_op, body)
 
 
-@checks.collective
+@_guarded
 def all_to_all(output_tensor_list: list[torch.Tensor],
                input_tensor_list: list[torch.Tensor],
                group: ProcessGroup | None = None, async_op: bool = False, *,
@@ -413,7 +404,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor],
     return _all_to_all_views(outputs, inputs, group, async_op, algorithm)
 
 
-@checks.collective
+@_guarded
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
@@ -464,7 +455,7 @@ def _split(tensor: torch.Tensor, sizes: Sequence[int] | None, parts: int, what: 
     return list(flat.split_with_sizes([s * row for s in sizes]))
 
 
-@checks.collective
+@_guarded
 def barrier(group: ProcessGroup | None = None, async_op: bool = False,
             device_ids=None, timeout=None, *, algorithm: str | None = None):
     """Return on each rank only once every rank of the group has entered

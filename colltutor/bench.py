@@ -34,8 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather",
-               "reduce_scatter", "all_to_all", "barrier")
+from colltutor import registry
+
+COLLECTIVES = tuple(registry.COLLECTIVES)
 FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
     "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0,
@@ -45,7 +46,7 @@ FACTORS: dict[str, Callable[[int], float]] = {
 }
 """busbw = algbw x factor(p), the nccl-tests convention."""
 
-REDUCING = ("reduce", "all_reduce", "reduce_scatter")
+REDUCING = tuple(c.name for c in registry.COLLECTIVES.values() if c.reducing)
 
 
 def parse_size(text: str) -> int:
@@ -291,7 +292,7 @@ def exchange_bandwidth(nbytes: int, iters: int = 5, piece: int | None = None
 def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
                options: dict[str, Any]) -> list[dict[str, Any]]:
     """Every algorithm at one size on this rank: time, #wrong, peak memory."""
-    from colltutor import checks
+    from colltutor import guards
 
     if options["memory"]:
         _track_memory()  # before anything is allocated, so that nothing is reused
@@ -299,7 +300,7 @@ def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
     case = Case(collective, nbytes, dtype, op)
     rows = []
     for name in algorithms:
-        checks.set_checks(False)
+        guards.set_checks(False)
         seconds = time_calls(lambda n=name: case.call(n), options["iters"],
                              options["warmup"])
         memory = peak_extra(lambda n=name: case.call(n)) if options["memory"] else -1
@@ -322,7 +323,7 @@ def _op(name: str) -> Any:
 
 
 def _rank_p2p(nbytes: int) -> tuple[float, float]:
-    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+    from colltutor.p2p import SEGMENT_BYTES
 
     return p2p_bandwidth(nbytes), exchange_bandwidth(nbytes, piece=SEGMENT_BYTES)
 
@@ -330,17 +331,17 @@ def _rank_p2p(nbytes: int) -> tuple[float, float]:
 def _rank_checks(collective: str, nbytes: int, options: dict[str, Any]
                  ) -> dict[str, float]:
     """The default algorithm with checks on and off, alternating."""
-    from colltutor import checks
+    from colltutor import guards
 
     case = Case(collective, nbytes, getattr(torch, options["dtype"]),
                 _op(options["op"]))
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(5):
         for flag in (False, True):
-            checks.set_checks(flag)
+            guards.set_checks(flag)
             times[flag].append(time_calls(lambda: case.call("default"),
                                           options["iters"], 2))
-    checks.set_checks(False)
+    guards.set_checks(False)
     return {("on" if k else "off"): sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
@@ -479,7 +480,7 @@ def fit(args: argparse.Namespace) -> int:
           f"1/gamma = {1 / max(params['gamma'], 1e-30) / 1e9:.2f} GB/s")
     table = tuning.derive(p, **params)
     print(f"# default algorithms the model picks on {p} ranks "
-          f"(current table in brackets where it differs)")
+          f"(the shipped table in brackets where it differs)")
     for c, rows in table.items():
         text = ", ".join(f"{'<= ' + human(m) if m else 'above'}: {a}" for m, a in rows)
         same = rows == tuning.DEFAULTS[c]
@@ -554,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                "op": args.op, "check": not args.no_check,
                "memory": not args.no_memory}
     import colltutor
-    from colltutor.collectives.reduce_scatter import SEGMENT_BYTES
+    from colltutor.p2p import SEGMENT_BYTES
 
     p2p = both_ways = float("nan")
     if args.world_size >= 2:

@@ -186,7 +186,7 @@ def exercise_notebook(chapter: str) -> dict:
     """The exercise notebook of one chapter, without outputs."""
     number, title = TITLES[chapter]
     mine = [ex for ex in EXERCISES if ex.chapter == chapter]
-    from colltutor.check import SIGNATURES
+    from colltutor.grader import SIGNATURES
 
     cells = [
         _md(f"# Exercises: {title}\n\n"

@@ -20,11 +20,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather",
-               "reduce_scatter", "all_to_all", "barrier")
+from colltutor.registry import COLLECTIVES as _DECLARED
+
+COLLECTIVES = tuple(_DECLARED)
 OPS = ("sum", "product", "min", "max", "avg")
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
-REDUCING = ("reduce", "all_reduce", "reduce_scatter")
+ROOTED = tuple(c.name for c in _DECLARED.values() if c.rooted)
+REDUCING = tuple(c.name for c in _DECLARED.values() if c.reducing)
 
 
 def algorithms(collective: str) -> list[str]:

@@ -326,12 +326,12 @@ def model(collective: str, p: int, alpha: float, beta: float, gamma: float = 0.0
     """Predicted time of every algorithm of ``collective`` on ``p`` ranks against
     message size (:func:`colltutor.cost.predict`, log-log), with measured
     ``(nbytes, seconds)`` points per algorithm drawn over the lines if given."""
-    from colltutor import cost
+    from colltutor import cost, registry
 
     sizes = list(sizes or [1 << k for k in range(0, 27)])
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
-    for i, name in enumerate(cost.MODEL[collective]):
+    for i, name in enumerate(registry.find(collective)):
         c = PALETTE[i % len(PALETTE)]
         times = [cost.predict(collective, name, p, n, alpha, beta, gamma) * 1e6
                  for n in sizes]

@@ -1,26 +1,27 @@
 """The one point-to-point layer that every colltutor algorithm is built on.
 
-An algorithm sees a :class:`Comm`: its own rank and the size of the group, and one
-primitive, :meth:`Comm.exchange`, which performs one *step*: every send and receive
-of that step is posted at once and waited for together.  Posting everything before
-waiting is what makes steps deadlock-free on both backends:
+An algorithm sees a :class:`Comm`: its own rank, the size of the group, and a few
+step primitives, each of which posts every send and receive of one *step* before
+waiting for any: :meth:`~Comm.send`, :meth:`~Comm.recv`, :meth:`~Comm.sendrecv`,
+:meth:`~Comm.exchange`, and for reductions :meth:`~Comm.recv_reduce` and
+:meth:`~Comm.sendrecv_reduce`.  Posting everything before waiting is what makes
+steps deadlock-free on both backends: gloo's TCP transport is receiver-driven, and
+NCCL needs a step's sends and receives in one group.
 
-* gloo's TCP transport is receiver-driven, so two ranks that both block in ``send``
-  to each other never progress; receives are posted first, then sends.
-* NCCL needs the sends and receives of a step inside one NCCL group, which is what
-  ``batch_isend_irecv`` does.
+The primitives own the speed, as NCCL's do: long messages travel in
+:func:`segments`, reductions combine one segment while the next one arrives in a
+reused slot, and scratch memory is kept between collectives.  The algorithms own
+the pattern: who talks to whom at each step, which block, and the reduction.  Below
+``Comm`` a transport (:mod:`colltutor.transports`) moves the bytes.
 
-Everything that differs between backends lives here and nowhere else: the
-translation of group ranks to global ranks, batching for NCCL, skipping empty
-messages, and the hooks that tracing and the runtime's hang reports listen to.
-
-Chapter 2 of the book ("Point-to-point") explains this module line by line.
+Chapter 2 of the book ("Point-to-point") explains this module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import os
 import threading
@@ -31,8 +32,9 @@ from typing import NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-Message = tuple[int, torch.Tensor]
-"""``(peer, tensor)``: the peer's rank in the group and the tensor sent or filled."""
+from colltutor import ops
+from colltutor.transports import Message, Transport
+from colltutor.transports.torch_dist import TorchTransport
 
 
 class Observer(Protocol):
@@ -98,13 +100,10 @@ class PeerLostError(RuntimeError):
         where = f"{phase or 'send/recv'} step {step}"
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         super().__init__(
-            f"rank {comm.global_ranks[comm.rank]} lost its connection to rank "
+            f"rank {comm.global_ranks[comm.me]} lost its connection to rank "
             f"{names} during {where} (rank {names} exited, crashed or stopped "
             f"waiting)\n  gloo/NCCL said: {first}"
         )
-
-
-_CPU = torch.device("cpu")
 
 
 class Membership(NamedTuple):
@@ -143,49 +142,124 @@ def membership(group: dist.ProcessGroup | None = None) -> Membership:
     return found
 
 
-class Comm:
-    """A process group as one rank sees it: ``rank``, ``size`` and ``exchange``.
+SEGMENT_BYTES = 1 << 21
+"""The longest message a primitive sends in one piece.  Longer ones travel as
+segments that a reduction combines one at a time while the next one arrives; each
+segment costs a message's overhead (alpha), so segments are as long as the overlap
+allows (Chapter 9 measures the trade-off on your machine)."""
 
-    Ranks inside algorithms are *group* ranks; they are translated to the global
-    ranks ``torch.distributed`` wants here, in one place.
+
+def segments(tensor: torch.Tensor, most: int | None = None) -> list[torch.Tensor]:
+    """``tensor`` cut into the pieces it travels in: as few as keep each within
+    ``most`` bytes (:data:`SEGMENT_BYTES` unless given), sizes differing by at most
+    one element.  Sender and receiver cut a message of the same size the same way."""
+    nbytes, most = tensor.numel() * tensor.element_size(), most or SEGMENT_BYTES
+    if nbytes <= most:
+        return [tensor]
+    return list(tensor.tensor_split(-(-nbytes // most)))
+
+
+class Comm:
+    """A group as one rank sees it: ``rank``, ``size`` and the step primitives.
+
+    Algorithms say who talks to whom at each step; the primitives here make that
+    fast and safe: every message of a step is posted before any is waited for,
+    long messages travel in :func:`segments`, reductions combine one segment while
+    the next arrives in a reused slot, and the transport underneath
+    (:mod:`colltutor.transports`) does the rest.  Ranks inside algorithms are group
+    ranks (or the virtual ranks of a fold, :meth:`view`).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, tag: int = 0) -> None:
-        self.group = group if group is not None else dist.group.WORLD
-        self.rank, self.size, self.backend, self.global_ranks = membership(self.group)
+    def __init__(self, group: dist.ProcessGroup | None = None, tag: int = 0,
+                 transport: Transport | None = None) -> None:
+        self.group = group
+        if transport is None:
+            self.group = group if group is not None else dist.group.WORLD
+            rank, size, backend, ranks = membership(self.group)
+            transport = TorchTransport(self.group, rank, ranks, backend, tag)
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.global_ranks, self.device = transport.names, transport.device
         self.tag = tag
-        # where this backend's messages live: the rank's own GPU for NCCL, else CPU
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if self.backend == "nccl" else _CPU)
+        self.route: list[int] | None = None  # peers' group ranks, in a view
+        self.cut: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
+        self.segment_bytes: int | None = None  # None: SEGMENT_BYTES
         self.phases: list[str] = []
-        self.steps = 0
+        self._steps = [0]  # shared with this comm's views, so steps number on
         self.observers = _observers.get()
+
+    @property
+    def steps(self) -> int:
+        """Steps posted so far by this comm and its views (hang reports name them)."""
+        return self._steps[0]
+
+    @property
+    def me(self) -> int:
+        """My rank in the group, also inside a view (where ``rank`` is virtual)."""
+        return self.transport.rank
+
+    @property
+    def backend(self) -> str:
+        return getattr(self.transport, "backend", type(self.transport).__name__)
 
     @property
     def batched(self) -> bool:
         """NCCL needs a step's messages in one group call; gloo takes them singly."""
-        return self.backend == "nccl"
+        return getattr(self.transport, "batched", False)
 
     @property
     def phase(self) -> str:
         """The algorithms currently running, outermost first, e.g. ``ring/ring_rs``."""
         return "/".join(self.phases)
 
+    # -- views --------------------------------------------------------------------
+
+    def blocks(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        """``buf`` cut into one block per rank: :func:`blocks`, or a view's cut."""
+        return self.cut(buf) if self.cut is not None else blocks(buf, self.size)
+
+    def span(self, buf: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """One contiguous view of blocks ``lo .. hi-1`` of :meth:`blocks`."""
+        if self.cut is None:
+            return span(buf, self.size, lo, hi)
+        parts = self.blocks(buf)
+        start = parts[lo].storage_offset() - buf.storage_offset() if hi > lo else 0
+        return buf.narrow(0, start, sum(t.numel() for t in parts[lo:hi]))
+
+    def view(self, peers: list[int], owns: list[int]) -> Comm:
+        """The group seen as ``len(peers)`` ranks: view rank ``v`` is rank
+        ``peers[v]`` and its block is this group's blocks ``owns[v] ..
+        owns[v+1]-1`` (MPICH's fold runs the recursive algorithms on one)."""
+        inner = copy.copy(self)
+        inner.route = [self._peer(v) for v in peers]
+        inner.rank, inner.size = peers.index(self.rank), len(peers)
+        inner.cut = lambda buf: [self.span(buf, owns[v], owns[v + 1])
+                                 for v in range(len(peers))]
+        return inner
+
+    def column(self, k: int, j: int, segment_bytes: int | None = None) -> Comm:
+        """The group seeing only column ``j`` of ``k``: piece ``j`` of each of its
+        blocks, as if those pieces were the whole buffer (pipelined rings), its
+        messages cut into segments of at most ``segment_bytes``."""
+        inner = copy.copy(self)
+        inner.cut = lambda buf: [blocks(b, k)[j] for b in self.blocks(buf)]
+        inner.segment_bytes = segment_bytes or self.segment_bytes
+        return inner
+
+    def _peer(self, v: int) -> int:
+        return v if self.route is None else self.route[v]
+
+    # -- the primitives -------------------------------------------------------------
+
     def post(self, sends: Iterable[Message] = (), recvs: Iterable[Message] = ()
              ) -> Pending:
         """Start one step: post every receive and send, return without waiting."""
         sends, recvs = self._kept(sends), self._kept(recvs)
-        self.steps += 1
+        self._steps[0] += 1
         for observer in self.observers:
             observer.posted(self, sends, recvs)
         try:
-            if self.batched:
-                ops = [self._op(dist.irecv, t, peer) for peer, t in recvs]
-                ops += [self._op(dist.isend, t, peer) for peer, t in sends]
-                works = dist.batch_isend_irecv(ops) if ops else []
-            else:
-                works = [self._start(self.group.recv, t, peer) for peer, t in recvs]
-                works += [self._start(self.group.send, t, peer) for peer, t in sends]
+            works = self.transport.post(sends, recvs)
         except RuntimeError as error:  # a peer already gone
             peers = [peer for peer, _ in recvs + sends]
             raise PeerLostError(self, self.steps, self.phase, peers, error) from error
@@ -207,54 +281,93 @@ class Comm:
         """Send to ``dst`` while receiving from ``src``: the step of every ring."""
         self.exchange(sends=[(dst, send)], recvs=[(src, recv)])
 
+    def recv_reduce(self, acc: torch.Tensor, src: int, op: object,
+                    mine: torch.Tensor | None = None) -> None:
+        """Receive ``src``'s partial result and combine it into ``acc`` with ``op``.
+
+        ``mine``: my contribution, when it is not in ``acc`` yet (out of place);
+        then the partial result lands in ``acc`` and ``mine`` is combined into it.
+        """
+        self.sendrecv_reduce(None, 0, acc, src, op, mine)
+
+    def sendrecv_reduce(self, send: torch.Tensor | None, dst: int,
+                        acc: torch.Tensor, src: int, op: object,
+                        mine: torch.Tensor | None = None) -> None:
+        """Send ``send`` to ``dst`` while :meth:`recv_reduce` from ``src``: the step of
+        every reducing ring, halving and doubling.  ``send`` and ``acc`` may be the
+        same tensor: a segment is combined only once it has been sent.
+
+        Both messages travel in :func:`segments`, two in flight, so combining one
+        overlaps receiving the next; in place, each lands in a reused slot.
+        """
+        most = self.segment_bytes
+        outgoing = segments(send, most) if send is not None else []
+        incoming = segments(acc, most)
+        addends = segments(mine, most) if _elsewhere(mine, acc) else None
+        landing = incoming if addends is not None else self._slots(incoming)
+        count = max(len(outgoing), len(incoming))
+
+        def post(i: int) -> Pending:
+            return self.post(
+                sends=[(dst, outgoing[i])] if i < len(outgoing) else [],
+                recvs=[(src, landing[i])] if i < len(incoming) else [])
+
+        posted = [post(i) for i in range(min(2, count))]
+        for i in range(count):
+            posted[i].wait()
+            if i < len(incoming):
+                if addends is None:
+                    ops.combine(op, incoming[i], landing[i])
+                else:
+                    ops.combine(op, incoming[i], addends[i])
+            if i + 2 < count:
+                posted.append(post(i + 2))
+
     def recv_any(self, tensor: torch.Tensor) -> int:
         """Receive from whichever rank sends first (gloo only); return its rank."""
-        if self.batched:
-            raise RuntimeError("NCCL cannot receive from an unspecified source")
-        work = dist.irecv(tensor, None, group=self.group, tag=self.tag)
-        work.wait()
-        peer = self.global_ranks.index(work._source_rank())
+        peer = self.transport.recv_any(tensor)
         for observer in self.observers:
             observer.posted(self, [], [(peer, tensor)])
             observer.completed(self, [], [(peer, tensor)])
         return peer
 
+    # -- memory ---------------------------------------------------------------------
+
     def scratch(self, numel: int, like: torch.Tensor) -> torch.Tensor:
         """A scratch tensor of ``numel`` elements of ``like``'s dtype and device.
 
         Inside :func:`reusing_scratch` (every public collective runs there) the
-        memory is kept from the previous collective on this thread: touching fresh
-        memory costs a page fault per 4 KiB, which on a small machine takes as long
-        as sending the data (Chapter 9, "Memory").  Outside it, fresh memory:
-        ``like.new_empty(numel)``.
+        i-th request of a collective gets the memory of the i-th request of the
+        previous one on this thread: touching fresh memory costs a page fault per
+        4 KiB, which on a small machine takes as long as sending the data.
+        Outside it, fresh memory.
         """
         state = _scratch.__dict__
         if not state.get("active"):
             return like.new_empty(numel)
         key = (like.device, state["next"])
         state["next"] += 1
-        raw, view = state["buffers"].get(key, (None, None))
-        if view is not None and view.dtype == like.dtype and view.numel() == numel:
-            return view  # the same request as last time (the usual case)
-        nbytes = numel * like.element_size()
-        if raw is None or raw.numel() < nbytes:
-            state["buffers"][key] = raw = view = None  # free the old one first
-            raw = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
-        view = raw[:nbytes].view(like.dtype)
-        state["buffers"][key] = raw, view
-        return view
+        return _kept_buffer(state["buffers"], key, numel, like)
 
-    def _start(self, fn: Callable, tensor: torch.Tensor, peer: int):
-        # what dist.isend / dist.irecv do once their arguments are checked
-        if tensor.is_complex():
-            tensor = torch.view_as_real(tensor)
-        return fn([tensor], peer, self.tag)
-
-    def _op(self, fn: Callable, tensor: torch.Tensor, peer: int) -> dist.P2POp:
-        return dist.P2POp(fn, tensor, self.global_ranks[peer], self.group, self.tag)
+    def _slots(self, incoming: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Where the segments of a message land before they are combined: two slots
+        the size of its longest segment, used in turn (one while it is short)."""
+        like = incoming[0]
+        size = like.numel()
+        state = _scratch.__dict__
+        if state.get("active"):
+            region = _kept_buffer(state["buffers"], (like.device, "slots"),
+                                  size * min(2, len(incoming)), like)
+        else:
+            region = _kept_buffer(self.__dict__.setdefault("_own", {}), "slots",
+                                  size * min(2, len(incoming)), like)
+        slots = [region.narrow(0, 0, size), region.narrow(0, size * (len(incoming) > 1),
+                                                          size)]
+        return [slots[i % 2].narrow(0, 0, t.numel()) for i, t in enumerate(incoming)]
 
     def _kept(self, messages: Iterable[Message]) -> list[Message]:
-        """The messages worth posting (empty ones are skipped), checked."""
+        """The messages worth posting (empty ones are skipped), checked, in group
+        ranks, long ones cut into segments."""
         kept = []
         for peer, tensor in messages:
             if tensor.numel() == 0:
@@ -265,8 +378,31 @@ class Comm:
                 )
             if not tensor.is_contiguous():
                 raise ValueError("point-to-point messages must be contiguous tensors")
-            kept.append((peer, tensor))
+            kept += [(self._peer(peer), piece)
+                     for piece in segments(tensor, self.segment_bytes)]
         return kept
+
+
+def _elsewhere(mine: torch.Tensor | None, acc: torch.Tensor) -> bool:
+    """Whether ``mine`` is a contribution kept outside ``acc`` (out of place)."""
+    return mine is not None and (mine.data_ptr() != acc.data_ptr()
+                                 or mine.numel() != acc.numel())
+
+
+def _kept_buffer(buffers: dict, key: object, numel: int, like: torch.Tensor
+                 ) -> torch.Tensor:
+    """``numel`` elements like ``like`` from ``buffers[key]``, grown when too small
+    (the old buffer is freed first)."""
+    raw, view = buffers.get(key, (None, None))
+    if view is not None and view.dtype == like.dtype and view.numel() == numel:
+        return view  # the same request as last time (the usual case)
+    nbytes = numel * like.element_size()
+    if raw is None or raw.numel() < nbytes:
+        buffers[key] = raw = view = None  # free the old one first
+        raw = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+    view = raw[:nbytes].view(like.dtype)
+    buffers[key] = raw, view
+    return view
 
 
 @functools.cache
@@ -333,21 +469,6 @@ class reusing_scratch:  # noqa: N801 (used like a function: ``with reusing_scrat
 def release_scratch() -> None:
     """Free the scratch memory this thread keeps between collectives."""
     _scratch.__dict__.get("buffers", {}).clear()
-
-
-def algorithm(fn: Callable) -> Callable:
-    """Mark ``fn`` as an algorithm: its steps are labelled with its name in traces."""
-    name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
-
-    @functools.wraps(fn)
-    def run(comm: Comm, *args, **kwargs):
-        comm.phases.append(name)
-        try:
-            return fn(comm, *args, **kwargs)
-        finally:
-            comm.phases.pop()
-
-    return run
 
 
 def blocks(buffer: torch.Tensor, parts: int) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import checks, ops
+from colltutor import guards, ops, registry
 
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.float64, torch.bfloat16)
@@ -33,9 +33,10 @@ INTS = (torch.int32, torch.int64, torch.uint8)
 FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)
 INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
 LARGE_DTYPES = (torch.float32, torch.int32)  # the 65537-element cases: two, for time
-NATIVE = ("broadcast", "reduce", "all_reduce", "gather", "all_gather",
-          "all_gather_into_tensor", "scatter", "reduce_scatter",
-          "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier")
+NATIVE = (*registry.COLLECTIVES, "all_gather_into_tensor", "reduce_scatter_tensor",
+          "all_to_all_single")
+"""The torch.distributed functions forbidden while colltutor runs: one per
+collective (torch names them alike) and the tensor spellings."""
 
 
 def counts(p: int) -> list[int]:
@@ -196,8 +197,11 @@ CASES: dict[str, tuple[str, Callable]] = {
     "all_to_all_single": ("all_to_all", case_all_to_all_single),
     "barrier": ("barrier", case_barrier),
 }
-ROOTED = {"broadcast", "reduce", "gather", "scatter"}
-REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor"}
+ROOTED = {name for name, (table, _) in CASES.items()
+          if registry.COLLECTIVES[table].rooted}
+REDUCING = {name for name, (table, _) in CASES.items()
+            if registry.COLLECTIVES[table].reducing}
+"""Public functions (keys of :data:`CASES`) whose collective has a root, or reduces."""
 
 
 def _wait(work) -> None:
@@ -313,9 +317,9 @@ def _rank_main(sample: int, device_kind: str) -> dict:
         if device_kind == "cuda" else torch.device("cpu")
     # The world pass runs without the argument checks (they have their own tests and
     # would double the time); the subgroup pass runs with them, as users do.
-    checks.set_checks(False)
+    guards.set_checks(False)
     whole = run_matrix(False, sample=sample, device=device)
-    checks.set_checks(True)
+    guards.set_checks(True)
     if dist.get_world_size() >= 3:
         sub = run_matrix(True, sample=sample * 7, device=device)
         for key in ("cases", "skipped"):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from colltutor import p2p
+from colltutor import p2p, registry
 
 SMALL = 64
 """Watched buffers up to this many elements (in all) are copied at every step."""
@@ -51,8 +51,8 @@ the end of recording (``initial``/``final``); larger ones are not copied at all.
 EMPTY = -1
 """The value :func:`run_collective` puts where a buffer holds no data yet."""
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather",
-               "reduce_scatter", "all_to_all", "barrier")
+COLLECTIVES = tuple(registry.COLLECTIVES)
+"""Every collective, in the order the book teaches them (:mod:`colltutor.registry`)."""
 
 
 @dataclass
@@ -144,7 +144,9 @@ class RankTrace:
     # -- the Observer interface (called by colltutor.p2p) --------------------------
     def posted(self, comm: p2p.Comm, sends: list[p2p.Message],
                recvs: list[p2p.Message]) -> None:
-        self.rank, self.size = comm.rank, comm.size
+        # the group's rank and size, also inside a view (a fold's virtual ranks),
+        # whose messages name group ranks too
+        self.rank, self.size = comm.transport.rank, comm.transport.size
         index = len(self.steps)
         self._open[id(sends)] = index  # the Pending passes this same list back
         step = Step(self.rank, index, comm.phase, time.perf_counter(),
@@ -398,13 +400,10 @@ def decode(value: float | int) -> tuple[frozenset[int], int] | None:
     return ranks, (value >> 16) // len(ranks)
 
 
-def _table(collective: str) -> dict:
-    return importlib.import_module(f"colltutor.collectives.{collective}").ALGORITHMS
-
-
 def algorithms(collective: str) -> list[str]:
-    """The algorithm names of ``collective`` (its module's ``ALGORITHMS`` table)."""
-    return list(_table(collective))
+    """The algorithm names of ``collective``, as :mod:`colltutor.registry` declares
+    them."""
+    return list(registry.find(collective))
 
 
 def _op(op: object):
@@ -416,7 +415,7 @@ def _op(op: object):
 def _rank_run(collective: str, algorithm: str, count: int, root: int, op: object,
               small: int, warmup: bool) -> RankTrace:
     """One rank of :func:`run_collective` (runs inside ``colltutor.run``)."""
-    fn = _table(collective)[algorithm]
+    fn = registry.table(collective)[algorithm]
     if warmup:
         # A warm-up run makes the connections between ranks (the first message
         # between two ranks is slow) and a barrier lines the ranks up, so that the
@@ -448,10 +447,10 @@ def _call(collective: str, fn, comm: p2p.Comm, count: int, root: int, op: object
         out = t.watch(torch.full((size * mine_size,), EMPTY, dtype=torch.int64),
                       "output")
         fn(comm, p2p.blocks(out, size), p2p.blocks(inp, size))
-    elif collective in ("reduce", "all_reduce", "reduce_scatter"):
+    elif registry.COLLECTIVES[collective].reducing:
         buf = t.watch(mine.clone())
-        args = (_op(op), root) if collective == "reduce" else (_op(op),)
-        fn(comm, buf, *args)
+        rooted = registry.COLLECTIVES[collective].rooted
+        fn(comm, buf, _op(op), *([root] if rooted else []))
     elif collective in ("gather", "all_gather"):
         buf = empty.clone()
         buf[own] = mine[own]

@@ -16,6 +16,7 @@ scatter, all-gather and reduce-scatter; everything a rank sends for all-to-all.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -106,6 +107,7 @@ def load(path: str | os.PathLike | None = None) -> Table:
 
 
 def save(table: Table, path: str | os.PathLike) -> None:
+    """Write ``table`` as JSON where :func:`load` can read it (``bench --write``)."""
     Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     Path(path).expanduser().write_text(json.dumps(table, indent=1) + "\n")
 
@@ -132,16 +134,21 @@ def derive(p: int, alpha: float, beta: float, gamma: float,
     return table
 
 
-for _collective, _rows in load().items():  # a re-fitted table wins over both
-    DEFAULTS[_collective] = _rows
-    BY_SIZE = {k: v for k, v in BY_SIZE.items() if k[0] != _collective}
+@functools.cache
+def user_table() -> Table:
+    """The re-fitted table of :data:`USER_TABLE`, read once, when :func:`choose`
+    first needs it (a rank reads it after taking on the caller's environment)."""
+    return load()
 
 
 def choose(collective: str, nbytes: int | None, size: int) -> str:
     """The default algorithm for ``collective`` on ``size`` ranks and ``nbytes``.
 
     ``nbytes=None`` (sizes that differ between ranks) takes the last row."""
-    for max_bytes, name in BY_SIZE.get((collective, size), DEFAULTS[collective]):
+    # a re-fitted table wins over both shipped ones
+    rows = user_table().get(collective) or BY_SIZE.get((collective, size),
+                                                       DEFAULTS[collective])
+    for max_bytes, name in rows:
         if max_bytes is None or (nbytes is not None and nbytes <= max_bytes):
             return name
     raise LookupError(f"no default for {collective} at {nbytes} bytes")

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import p2p
+from colltutor import p2p, registry
 from colltutor.collectives import barrier, broadcast, gather, reduce, scatter
 from colltutor.p2p import Comm, block_sizes, blocks
 
@@ -46,7 +46,7 @@ COMBOS = [(d, op) for d in DTYPES
           for op in (FLOAT_OPS if d.is_floating_point else INT_OPS)]
 """Every (dtype, op) pair that torch admits: 3 x 5 + 3 x 7 = 36."""
 BROADCASTS = {
-    **broadcast.ALGORITHMS,
+    **registry.table("broadcast"),
     # the default cuts short buffers into 1 segment: force short, uneven segments
     "pipelined_ring(segments=3)": functools.partial(broadcast.pipelined_ring,
                                                     segments=3),
@@ -129,7 +129,7 @@ class Sweep:
         else:
             buf = data(n, dtype, op, seed)
         before, native = buf.clone(), buf.clone()
-        reduce.ALGORITHMS[name](self.comm, buf, op, root)
+        registry.table("reduce")[name](self.comm, buf, op, root)
         dist.reduce(native, dst=root, op=op)
         case = f"reduce.{name} root={root} n={n} {dtype} {ops_name(op)}"
         if self.rank != root:  # gloo leaves scratch there; ours must not change
@@ -143,7 +143,7 @@ class Sweep:
         p, rank = self.p, self.rank
         buf = data(n, dtype, None, self.seed(name, root, n, dtype))
         own = blocks(buf, p)[rank].clone()
-        gather.ALGORITHMS[name](self.comm, buf, root)
+        registry.table("gather")[name](self.comm, buf, root)
         # native gather wants equal sizes: pad every block to the largest one
         sizes, width = block_sizes(n, p), max(1, -(-n // p))
         padded = torch.zeros(width, dtype=dtype)
@@ -159,7 +159,7 @@ class Sweep:
         p, rank = self.p, self.rank
         buf = data(n, dtype, None, self.seed(name, root, n, dtype))
         before = buf.clone()
-        scatter.ALGORITHMS[name](self.comm, buf, root)
+        registry.table("scatter")[name](self.comm, buf, root)
         sizes, width = block_sizes(n, p), max(1, -(-n // p))
         parts = None
         if rank == root:
@@ -182,7 +182,7 @@ class Sweep:
                 time.sleep(0.02)
             marker = os.path.join(folder, f"{name}-{late}-{{}}")
             open(marker.format(self.rank), "w").close()
-            barrier.ALGORITHMS[name](self.comm)
+            registry.table("barrier")[name](self.comm)
             missing = [r for r in range(self.p)
                        if not os.path.exists(marker.format(r))]
             self.check(not missing, f"barrier.{name} late={late}: {missing} missing")
@@ -198,19 +198,22 @@ def sweep(p: int, folder: str) -> tuple[int, list[str]]:
     for name, root, n in itertools.product(BROADCASTS, range(p), counts(p)):
         for dtype in pick(DTYPES, p, root, n):
             s.broadcast(name, root, n, dtype)
-    for name, root, n in itertools.product(reduce.ALGORITHMS, range(p), counts(p)):
+    for name, root, n in itertools.product(registry.find("reduce"), range(p),
+                                           counts(p)):
         for dtype, op in pick(COMBOS, p, root, n):
             s.reduce(name, root, n, dtype, op)
         if n == 1000:
             for dtype, op in ((torch.float32, R.SUM), (torch.bfloat16, R.AVG)):
                 s.reduce(name, root, n, dtype, op, uniform=True)
-    for name, root, n in itertools.product(gather.ALGORITHMS, range(p), counts(p)):
+    for name, root, n in itertools.product(registry.find("gather"), range(p),
+                                           counts(p)):
         for dtype in pick(DTYPES, p, root, n):
             s.gather(name, root, n, dtype)
-    for name, root, n in itertools.product(scatter.ALGORITHMS, range(p), counts(p)):
+    for name, root, n in itertools.product(registry.find("scatter"), range(p),
+                                           counts(p)):
         for dtype in pick(DTYPES, p, root, n):
             s.scatter(name, root, n, dtype)
-    for name in barrier.ALGORITHMS:
+    for name in registry.table("barrier"):
         s.barrier(name, folder)
     return s.cases, s.failures
 

@@ -7,7 +7,10 @@ few elsewhere, to keep the file fast), inside ONE ``colltutor.run`` per world si
 and is compared with the native gloo collective run on the same data in the same
 process group.  All-to-all runs with even and uneven (zeros included) split sizes.
 While colltutor's algorithms run, every torch.distributed collective is replaced by
-one that raises: the algorithms are built from point-to-point messages only.
+one that raises: the algorithms are built from point-to-point messages only.  On
+3, 5, 6 and 7 ranks (1, 1, 2 and 3 folded pairs) the reducing and all-gather
+algorithms run again with messages cut into segments of 64 bytes; the ring and the
+pipelined ring send exactly the messages their schedules say.
 
 Exactness.  Integers must match bit for bit.  Floats are checked two ways:
 
@@ -30,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import ops, p2p
-from colltutor.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
+from colltutor import ops, p2p, registry
+from colltutor.collectives import all_reduce
 from colltutor.p2p import Comm, block_sizes, blocks
 
 R = dist.ReduceOp
@@ -141,19 +144,20 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, kind: str, sumabs=None) -> b
     return bool(((got.double() - want.double()).abs() > tol).any())
 
 
-def check_reductions(comm: Comm, failures: list[str]) -> int:
+def check_reductions(comm: Comm, failures: list[str], sizes: list[int] | None = None,
+                     pick=reductions, label: str = "") -> int:
     p, rank, cases = comm.size, comm.rank, 0
-    for n in counts(p):
-        for dtype, op, kind in reductions(n, p):
+    for n in sizes or counts(p):
+        for dtype, op, kind in pick(n, p):
             x = make_data(n, dtype, kind, op, seed=1000 * n + 31 * rank + 7)
             want = native_all_reduce(x, op)
             sumabs = x.double().abs()  # for the tolerance of random floats
             if kind == "random" and dtype.is_floating_point:
                 dist.all_reduce(sumabs)
-            for coll, table in (("all_reduce", all_reduce.ALGORITHMS),
-                                ("reduce_scatter", reduce_scatter.ALGORITHMS),
+            for coll, table in (("all_reduce", registry.table("all_reduce")),
+                                ("reduce_scatter", registry.table("reduce_scatter")),
                                 ("reduce_scatter out of place",
-                                 reduce_scatter.ALGORITHMS)):
+                                 registry.table("reduce_scatter"))):
                 for name, fn in table.items():
                     got = x.clone()
                     with native_collectives_raise():
@@ -162,8 +166,8 @@ def check_reductions(comm: Comm, failures: list[str]) -> int:
                             work = torch.full_like(x, 7)
                             fn(comm, got, op, work)
                             if not torch.equal(got, x):
-                                failures.append(f"{coll}.{name} p={p} n={n} changed "
-                                                f"its input on rank {rank}")
+                                failures.append(f"{label}{coll}.{name} p={p} n={n} "
+                                                f"changed its input on rank {rank}")
                             got = work
                         else:
                             fn(comm, got, op)
@@ -173,25 +177,26 @@ def check_reductions(comm: Comm, failures: list[str]) -> int:
                         w, s = want, sumabs
                     cases += 1
                     if mismatch(got, w, kind, s):
-                        failures.append(f"{coll}.{name} p={p} n={n} {dtype} "
+                        failures.append(f"{label}{coll}.{name} p={p} n={n} {dtype} "
                                         f"{ops.op_name(op)} {kind} on rank {rank}")
     return cases
 
 
-def check_all_gather(comm: Comm, failures: list[str]) -> int:
+def check_all_gather(comm: Comm, failures: list[str], sizes: list[int] | None = None,
+                     label: str = "") -> int:
     p, rank, cases = comm.size, comm.rank, 0
-    for n in counts(p):
+    for n in sizes or counts(p):
         for dtype in dtypes(n, p):
             x = make_data(n, dtype, "random", R.SUM, seed=n + rank)
             want = native_all_gather(x, p, rank)
-            for name, fn in all_gather.ALGORITHMS.items():
+            for name, fn in registry.table("all_gather").items():
                 got = torch.zeros_like(x)
                 blocks(got, p)[rank].copy_(blocks(x, p)[rank])
                 with native_collectives_raise():
                     fn(comm, got)
                 cases += 1
                 if not torch.equal(got, want):
-                    failures.append(f"all_gather.{name} p={p} n={n} {dtype}")
+                    failures.append(f"{label}all_gather.{name} p={p} n={n} {dtype}")
     return cases
 
 
@@ -214,7 +219,7 @@ def check_all_to_all(comm: Comm, failures: list[str]) -> int:
                 x = make_data(sum(sent), dtype, "random", R.SUM, seed=n + rank)
                 want = x.new_empty(sum(received))
                 dist.all_to_all_single(want, x, received, sent)
-                for name, fn in all_to_all.ALGORITHMS.items():
+                for name, fn in registry.table("all_to_all").items():
                     got = torch.zeros_like(want)
                     with native_collectives_raise():
                         fn(comm, list(got.split(received)), list(x.split(sent)))
@@ -226,51 +231,146 @@ def check_all_to_all(comm: Comm, failures: list[str]) -> int:
 
 
 class CountSends:
-    """A p2p observer that records the size of every message this rank sends."""
+    """A p2p observer that records the size of every message this rank sends and
+    the most steps (with messages) it had posted and not yet completed at once."""
 
     def __init__(self) -> None:
         self.sends: list[int] = []
+        self.bytes: list[int] = []
+        self.open = self.most_in_flight = 0
 
     def posted(self, comm, sends, recvs) -> None:
         self.sends += [t.numel() for _, t in sends]
+        self.bytes += [t.numel() * t.element_size() for _, t in sends]
+        if sends or recvs:
+            self.open += 1
+            self.most_in_flight = max(self.most_in_flight, self.open)
 
     def completed(self, comm, sends, recvs) -> None:
-        pass
+        self.open -= bool(sends or recvs)
 
 
 def check_ring_trace(comm: Comm, failures: list[str]) -> int:
-    """Ring all-reduce: 2(p-1) sends of n/p elements (one segment each when small);
-    a large message is cut into segments but still sends 2(p-1) n/p elements."""
+    """Ring all-reduce: 2(p-1) sends of n/p elements, one message each while a block
+    fits in p2p.SEGMENT_BYTES (2 MiB); a 4 MiB block travels as two segments of
+    2 MiB, so 4(p-1) messages of n/2p elements."""
     p = comm.size
-    for n in (4000, 2_000_000):
+    for n, pieces in ((4000, 1), (4 << 20, 2)):
         with p2p.observe(CountSends()) as seen:
             all_reduce.ring(Comm(), torch.ones(n), R.SUM)
-        if n == 4000 and seen.sends != [n // p] * 2 * (p - 1):
-            failures.append(f"ring trace n={n}: sends {seen.sends}")
-        if sum(seen.sends) != 2 * (p - 1) * n // p or len(seen.sends) < 2 * (p - 1):
-            failures.append(f"ring trace n={n}: {len(seen.sends)} sends, "
-                            f"{sum(seen.sends)} elements")
-    # the pipelined ring on 16 MiB: 4 MiB blocks on 4 ranks, cut into three segments
-    # of at most 1.5 MiB (all_reduce.ring_schedule), three columns of 6 steps; the
-    # sum is still right
-    n = 4 << 20
+        if seen.sends != [n // p // pieces] * 2 * (p - 1) * pieces:
+            failures.append(f"ring trace n={n}: {len(seen.sends)} sends of "
+                            f"{sorted(set(seen.sends))} elements")
+    return 2
+
+
+def pipelined_sends(p: int) -> tuple[list[int], int]:
+    """What each rank sends in pipelined_ring on ``PIPELINED_N[p]`` float32 elements
+    (blocks of 8 MiB on 2 and 3 ranks, 4 MiB on 4), derived from the schedule that
+    all_reduce.ring_schedule documents: (sorted message sizes in elements, steps in
+    flight at most).
+
+    * 2 ranks: segments of at most 1.5 MiB, two columns' worth in flight: a column
+      holds 2 segments of each block, k = ceil(8 / 3) = 3 columns of
+      block_sizes(2 Mi, 3) elements (about 2.67 MiB, over SEGMENT_BYTES), so each of
+      a column's 2(p-1) = 2 messages travels as 2 segments, the reduce-scatter's two
+      in flight.
+    * 3 ranks: segments of at most 1 MiB, two in flight: k = 8 / 2 = 4 columns of
+      2 MiB, each message 2 segments of 1 MiB (256 Ki elements), 2(p-1) = 4
+      messages a column, the reduce-scatter's two in flight.
+    * 4 ranks: one column in flight, segments of at most 1.5 MiB: k = ceil(4 / 1.5)
+      = 3 columns of block_sizes(1 Mi, 3) elements (about 1.33 MiB, one segment
+      each), 2(p-1) = 6 messages a column, one at a time.
+    """
+    if p == 2:
+        return sorted(piece for column in block_sizes(2 << 20, 3)
+                      for piece in block_sizes(column, 2) for _ in range(2)), 2
+    if p == 3:
+        return [1 << 18] * (4 * 4 * 2), 2
+    return sorted(block_sizes(1 << 20, 3) * 6), 1
+
+
+PIPELINED_N = {2: 4 << 20, 3: 6 << 20, 4: 4 << 20}
+
+
+def pipelined_trace() -> list[str]:
+    comm, failures = Comm(), []
+    p, n = comm.size, PIPELINED_N[comm.size]
     x = torch.full((n,), float(comm.rank))
     with p2p.observe(CountSends()) as seen, p2p.reusing_scratch():
         all_reduce.pipelined_ring(Comm(), x, R.SUM)
-    if sorted(seen.sends) != sorted(block_sizes(n // p, 3) * 2 * (p - 1)):
-        failures.append(f"pipelined ring trace: {len(seen.sends)} sends of "
-                        f"{sorted(set(seen.sends))} elements")
+    sends, in_flight = pipelined_sends(p)
+    if sorted(seen.sends) != sends:
+        failures.append(f"pipelined ring p={p}: {len(seen.sends)} sends of "
+                        f"{sorted(set(seen.sends))} elements, want {len(sends)} of "
+                        f"{sorted(set(sends))}")
+    if seen.most_in_flight != in_flight:
+        failures.append(f"pipelined ring p={p}: {seen.most_in_flight} steps in "
+                        f"flight, want {in_flight}")
     if not torch.equal(x, torch.full((n,), float(sum(range(p))))):
-        failures.append("pipelined ring 16 MiB: wrong sum")
-    return 3
+        failures.append(f"pipelined ring p={p}: wrong sum")
+    return failures
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_ring_sends_the_documented_schedule(p: int) -> None:
+    failures = [f for rank in colltutor.run(pipelined_trace, p, timeout=120)
+                for f in rank]
+    assert not failures, "\n".join(failures)
+
+
+def column_messages(n: int, p: int, itemsize: int, rank: int, depth: int
+                    ) -> tuple[int, int]:
+    """(messages, steps in flight at most) that ``rank`` sends in pipelined_ring with
+    segments of at most 64 bytes, derived from first principles.
+
+    A block of B = ceil(n/p) elements of ``itemsize`` bytes that fits in a segment
+    makes one column (the ring).  Otherwise each column holds ``depth`` segments
+    of every block: k = ceil(B itemsize / (64 depth)) columns, column j of a block
+    being block_sizes(block, k)[j].  In each column rank r sends, as the ring does,
+    every block but its own (reduce-scatter) and every block but rank r+1's
+    (all-gather); a message over 64 bytes travels as ceil(bytes / 64) segments
+    (so only with depth 2), the reduce-scatter's two in flight.
+    """
+    longest = -(-n // p) * itemsize
+    k = 1 if longest <= 64 else -(-longest // (64 * depth))
+    sizes = block_sizes(n, p)
+
+    def pieces(elements: int) -> int:
+        return 0 if elements == 0 else max(1, -(-elements * itemsize // 64))
+
+    messages = 0
+    for j in range(k):
+        column = [block_sizes(size, k)[j] for size in sizes]
+        messages += sum(pieces(c) for i, c in enumerate(column) if i != rank)
+        messages += sum(pieces(c) for i, c in enumerate(column)
+                        if i != (rank + 1) % p)
+    return messages, 2 if depth == 2 and longest > 64 else 1
+
+
+@contextlib.contextmanager
+def segment_bytes(nbytes: int) -> Iterator[None]:
+    """Cut messages into segments of ``nbytes``.  p2p.segments reads
+    p2p.SEGMENT_BYTES at call time; all_reduce.ring_schedule reads the name it
+    imported (where it does), so that is set too."""
+    modules = [m for m in (p2p, all_reduce) if hasattr(m, "SEGMENT_BYTES")]
+    saved = [m.SEGMENT_BYTES for m in modules]
+    for module in modules:
+        module.SEGMENT_BYTES = nbytes
+    try:
+        yield
+    finally:
+        for module, value in zip(modules, saved, strict=True):
+            module.SEGMENT_BYTES = value
 
 
 def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
     """The pipelined ring with many columns (segments of 64 bytes instead of
     2 MiB): uneven blocks and columns, two columns in flight, then one at a time
-    (all_reduce.TWO_COLUMNS_UP_TO below the ranks), AVG divided once."""
-    saved = reduce_scatter.SEGMENT_BYTES, all_reduce.TWO_COLUMNS_UP_TO
-    reduce_scatter.SEGMENT_BYTES = 64
+    (all_reduce.TWO_COLUMNS_UP_TO below the ranks), AVG divided once; the messages
+    each rank sends, and how many steps it has in flight, as derived in
+    :func:`column_messages`."""
+    saved = all_reduce.TWO_COLUMNS_UP_TO
     try:
         cases = 0
         for up_to, n, (dtype, op, kind) in [
@@ -278,20 +378,44 @@ def check_pipelined_columns(comm: Comm, failures: list[str]) -> int:
                 for n in (15, 16, 17, 100, 1000, 4099)
                 for r in REDUCTIONS_TINY + REDUCTIONS_MID]:
             all_reduce.TWO_COLUMNS_UP_TO = up_to
+            depth = 2 if comm.size <= up_to else 1
             x = make_data(n, dtype, kind, op, seed=7 * n + comm.rank)
             sumabs = x.double().abs()
             dist.all_reduce(sumabs)
             got = x.clone()
-            with native_collectives_raise(), p2p.reusing_scratch():
-                all_reduce.pipelined_ring(comm, got, op)
+            with segment_bytes(64), native_collectives_raise(), \
+                    p2p.reusing_scratch(), p2p.observe(CountSends()) as seen:
+                all_reduce.pipelined_ring(Comm(), got, op)
             want = native_all_reduce(x, op)
+            case = f"pipelined_ring columns n={n} {dtype} {op} columns={depth}"
             if mismatch(got, want, kind, sumabs):
-                failures.append(f"pipelined_ring columns n={n} {dtype} {op} "
-                                f"columns={2 if comm.size <= up_to else 1}")
+                failures.append(case)
+            messages, in_flight = column_messages(n, comm.size, x.element_size(),
+                                                  comm.rank, depth)
+            if (len(seen.sends), seen.most_in_flight) != (messages, in_flight):
+                failures.append(f"{case}: {len(seen.sends)} messages, "
+                                f"{seen.most_in_flight} in flight; want {messages}, "
+                                f"{in_flight}")
+            if max(seen.bytes, default=0) > 64:
+                failures.append(f"{case}: a message of {max(seen.bytes)} bytes")
             cases += 1
         return cases
     finally:
-        reduce_scatter.SEGMENT_BYTES, all_reduce.TWO_COLUMNS_UP_TO = saved
+        all_reduce.TWO_COLUMNS_UP_TO = saved
+
+
+SEGMENTED = [(F32, R.AVG, "exact"), (I64, R.BAND, "random")]
+
+
+def check_segmented(comm: Comm, failures: list[str]) -> int:
+    """Every reducing and all-gather algorithm with messages cut into segments of
+    64 bytes: the folds (fold.around, Comm.view) and columns (Comm.column) with
+    segments, slots and two segments in flight, uneven blocks included."""
+    with segment_bytes(64):
+        sizes = [comm.size + 1, 301]
+        cases = check_reductions(comm, failures, sizes, lambda n, p: SEGMENTED,
+                                 "64-byte segments: ")
+        return cases + check_all_gather(comm, failures, sizes, "64-byte segments: ")
 
 
 def check_world() -> tuple[list[str], int]:
@@ -306,6 +430,8 @@ def check_world() -> tuple[list[str], int]:
         cases += check_ring_trace(comm, failures)
     if comm.size in (2, 3, 5):
         cases += check_pipelined_columns(comm, failures)
+    if comm.size in (3, 5, 6, 7):  # folded pairs: 1, 1, 2, 3
+        cases += check_segmented(comm, failures)
     return failures, cases
 
 

@@ -127,7 +127,10 @@ def test_no_algorithm_needs_more_than_one_extra_buffer(tmp_path, p) -> None:
     segments, which the algorithm sweeps (256 KiB at most) never reach.  The one
     known exception, binomial reduce's inner ranks with two or more children (their
     buffer stays unchanged, so they hold their partial result and a child's at
-    once; Chapter 9), needs 8 ranks."""
+    once; Chapter 9), needs 8 ranks.  The other: recursive-halving reduce-scatter
+    out of place on a non-power-of-two p, whose folded odd rank holds its pair's
+    partial sums in the output buffer and lands its first halving message in a slot
+    beside it (at most 1.75x; the default takes it only up to 16 KiB)."""
     out = tmp_path / "memory.json"
     assert bench.main(["-c", "all", "-a", "all", "-n", str(p), "-b", "1M", "-e", "4M",
                        "-f", "4", "--iters", "1", "--warmup", "0",
@@ -140,6 +143,9 @@ def test_no_algorithm_needs_more_than_one_extra_buffer(tmp_path, p) -> None:
     assert {(r["collective"], r["algorithm"]) for r in rows} == {
         (c, a) for c in bench.COLLECTIVES if c != "barrier"
         for a in bench.resolve(c, "all") if a != "native"}
+    folded = ("reduce_scatter", "recursive_halving")
     over = {(r["collective"], r["algorithm"])
-            for r in rows if r["extra_bytes"] > r["bytes"] + (64 << 10)}
+            for r in rows if r["extra_bytes"] > r["bytes"] + (64 << 10)
+            and not (p & (p - 1) and (r["collective"], r["algorithm"]) == folded
+                     and r["extra_bytes"] <= 1.75 * r["bytes"])}
     assert not over

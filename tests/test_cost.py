@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
 
-from colltutor import cost, trace
+from colltutor import cost, registry, trace
 
-SIZES = (2, 3, 4, 5, 8)
-CASES = [(c, a) for c in trace.COLLECTIVES for a in trace.algorithms(c)]
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
+SIZES = (2, 3, 4, 5, 6, 7, 8)
+"""Every world size from 2 to 8: powers of two and 1, 2 and 3 folded pairs."""
+CASES = [(c, a) for c in registry.COLLECTIVES for a in registry.find(c)]
+ROOTED = tuple(c for c in registry.COLLECTIVES if registry.COLLECTIVES[c].rooted)
 
 
 @pytest.fixture(scope="module", params=SIZES)
@@ -24,10 +26,24 @@ def runs(request) -> tuple[int, dict]:
     return p, {(c[0], c[1], c[3]): t for c, t in zip(cases, traces, strict=True)}
 
 
-def test_every_algorithm_has_formulas():
+def test_every_algorithm_is_declared_once_with_its_formulas():
+    """Each declaration names its own collective and function, which is the one its
+    module exports; its counts give one (messages, bytes) per rank and its cost
+    three finite terms; the book and the trace list the same algorithms."""
+    assert list(registry.ALGORITHMS) == list(registry.COLLECTIVES)
     for collective, algorithm in CASES:
-        assert algorithm in cost.TABLE[collective], (collective, algorithm)
-        assert algorithm in cost.MODEL[collective], (collective, algorithm)
+        declared = registry.ALGORITHMS[collective][algorithm]
+        module = importlib.import_module(f"colltutor.collectives.{collective}")
+        assert (declared.collective, declared.name) == (collective, algorithm)
+        assert getattr(module, algorithm) is declared.fn, (collective, algorithm)
+        assert registry.table(collective)[algorithm] is declared.fn
+        assert declared.shape and declared.chapter >= 1
+        for p in (2, 3, 7, 16):
+            rounds, per = declared.counts(p, 4 * p, 4, 8)
+            assert rounds >= 1 and len(per) == p, (collective, algorithm, p)
+            assert all(len(terms) == 3 and all(map(math.isfinite, terms))
+                       for terms in [declared.cost(p, 1 << 20)])
+    assert [(c, a) for c in trace.COLLECTIVES for a in trace.algorithms(c)] == CASES
 
 
 def test_counts_match_traces(runs):
@@ -110,10 +126,10 @@ def test_the_model_picks_latency_then_bandwidth_algorithms():
     assert cost.predict("all_reduce", "pipelined_ring", 8, 1 << 20, a, b, g) == \
         cost.predict("all_reduce", "ring", 8, 1 << 20, a, b, g)
     assert cost.best("broadcast", 8, 64, a, b, g) == "binomial_tree"
-    for collective in trace.COLLECTIVES:
+    for collective in registry.COLLECTIVES:
         for p in (1, 2, 3, 7, 16):
             for nbytes in (0, 1, 1 << 10, 1 << 26):
-                for algorithm in cost.MODEL[collective]:
+                for algorithm in registry.find(collective):
                     t = cost.predict(collective, algorithm, p, nbytes, a, b, g)
                     assert t >= 0 and math.isfinite(t)
 

@@ -21,14 +21,15 @@ API_DOC = "book/api"
 # modules not named here go in the last section, alphabetically.
 SECTIONS = [
     ("The public API", ["colltutor", "api"]),
-    ("Starting ranks", ["runtime"]),
-    ("The point-to-point layer", ["p2p", "ops", "fold"]),
+    ("Starting ranks", ["runtime", "status"]),
+    ("The point-to-point layer", ["p2p", "transports", "torch_dist", "ops", "fold"]),
     ("Collective algorithms", [
-        "collectives", "broadcast", "reduce", "scatter", "gather", "all_gather",
-        "reduce_scatter", "all_reduce", "all_to_all", "barrier", "tuning",
+        "registry", "formulas", "collectives", "broadcast", "reduce", "scatter",
+        "gather", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+        "barrier", "tuning",
     ]),
     ("Around the algorithms", [
-        "trace", "draw", "animate", "explore", "cost", "bench", "checks", "check",
+        "trace", "draw", "animate", "explore", "cost", "bench", "guards", "grader",
         "selftest",
     ]),
 ]
@@ -94,10 +95,25 @@ def generate() -> str:
         if not names:
             continue
         out.append(f"## {title}\n")
+        if title == "Collective algorithms":
+            out.append(algorithm_table())
         for name in names:
             out.append(module_section(name))
             placed.add(name)
     return "\n".join(out)
+
+
+def algorithm_table() -> str:
+    """Every algorithm the registry declares: collective, name, chapter, pattern."""
+    registry = importlib.import_module("colltutor.registry")
+    importlib.import_module("colltutor.collectives")
+    lines = ["Every algorithm, as declared in {py:mod}`colltutor.registry`:", "",
+             "| collective | algorithm | chapter | messages |", "|---|---|---|---|"]
+    for collective, table in registry.ALGORITHMS.items():
+        for name, declared in table.items():
+            lines.append(f"| `{collective}` | `{name}` | {declared.chapter} | "
+                         f"{declared.shape} |")
+    return "\n".join(lines) + "\n"
 
 
 def on_source_read(app: Any, docname: str, source: list[str]) -> None:

@@ -10,16 +10,19 @@ its owner's data on every rank.  ``n`` below is the size of the whole ``buf``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import accumulate
 
 import torch
 
 from colltutor.collectives import fold
-from colltutor.p2p import Comm, algorithm, block_sizes, blocks
+from colltutor.formulas import doubling, folds, frac, lg, lgq, uniform
+from colltutor.p2p import Comm, block_sizes, blocks
+from colltutor.registry import algorithm
 
 
-@algorithm
+@algorithm("all_gather", shape="p-1 messages of n/p elements",
+           counts=lambda p, n, b, s: uniform(p - 1, p, p - 1, (p - 1) * b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def ring(comm: Comm, buf: torch.Tensor) -> None:
     """Pass the blocks around a ring, each rank forwarding what it just received.
 
@@ -29,49 +32,63 @@ def ring(comm: Comm, buf: torch.Tensor) -> None:
     """
     p, rank = comm.size, comm.rank
     left, right = (rank - 1) % p, (rank + 1) % p
-    chunk = blocks(buf, p)
+    chunk = comm.blocks(buf)
     # 1. step s: send block rank-s (mine at s=0) right, receive block rank-s-1 from left
     for step in range(p - 1):
         comm.sendrecv(chunk[(rank - step) % p], right,
                       chunk[(rank - step - 1) % p], left)
 
 
-@algorithm
+@algorithm("all_gather", shape="p-1 messages of n/p elements, all at once",
+           counts=lambda p, n, b, s: uniform(1, p, p - 1, (p - 1) * b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
+def linear(comm: Comm, buf: torch.Tensor) -> None:
+    """Every rank sends its block straight to every other rank, in one step.
+
+    Steps: 1 (each rank posts p-1 sends and p-1 receives at once).  Each rank sends
+    (p-1)/p n.  Cost: (p-1) alpha + ((p-1)/p) n beta: one link carries all p-1
+    messages.  Chapter 5, All-Gather and Reduce-Scatter.
+    """
+    chunk, others = comm.blocks(buf), [r for r in range(comm.size) if r != comm.rank]
+    # 1. my block goes to everyone; everyone's block lands in its place
+    comm.exchange(sends=[(r, chunk[comm.rank]) for r in others],
+                  recvs=[(r, chunk[r]) for r in others])
+
+
+@algorithm("all_gather", shape="lg p messages, doubling in size",
+           counts=lambda p, n, b, s: doubling(p, n * s, b * s),
+           cost=lambda p, n: (lgq(p) + 2 * folds(p),
+                              frac(p) * n + folds(p) * (n + n / p), 0.0))
 def recursive_doubling(comm: Comm, buf: torch.Tensor) -> None:
     """Swap ever larger halves with partner ``rank ^ mask``: 1, 2, 4, ... blocks.
 
     Power-of-two p: lg p steps; each rank sends (p-1)/p n.
     Cost: lg p alpha + ((p-1)/p) n beta.  Other p: MPICH's fold
-    (:mod:`colltutor.collectives.fold`):
-    the first 2(p-p') ranks pair up, each even rank gives its block to rank+1 first
-    and gets the whole result back at the end (+2 alpha + about n beta).
-    Chapter 5, All-Gather and Reduce-Scatter.
+    (:func:`~colltutor.collectives.fold.around`): an even rank of the first
+    2(p-p') gives its block to rank+1 first and gets the whole result back at the
+    end (+2 alpha + about n beta).  Chapter 5, All-Gather and Reduce-Scatter.
     """
-    p, rank, top = comm.size, comm.rank, fold.pof2(comm.size)
-    chunk = blocks(buf, p)
-    folded = rank < 2 * (p - top)
-    # 1. fold in: an even rank of a folded pair gives its block to rank+1
-    if folded and rank % 2 == 0:
-        comm.send(chunk[rank], rank + 1)
-    elif folded:
-        comm.recv(chunk[rank - 1], rank - 1)
-    # 2. doubling: I hold the blocks of my aligned group of `mask` virtual ranks
-    v = fold.virtual(rank, p)
+    chunk = comm.blocks(buf)
+    fold.around(comm, lambda inner: _doubling(inner, buf),
+                hand_in=chunk[comm.rank], into=chunk[comm.rank - 1],
+                hand_back=buf, back=buf)
+
+
+def _doubling(comm: Comm, buf: torch.Tensor) -> None:
+    """Recursive doubling on a power-of-two ``comm``."""
     mask = 1
-    while v is not None and mask < top:
-        partner = v ^ mask
-        mine, theirs = v - v % mask, partner - partner % mask
-        comm.sendrecv(fold.vspan(buf, p, mine, mine + mask), fold.real(partner, p),
-                      fold.vspan(buf, p, theirs, theirs + mask), fold.real(partner, p))
+    # 1. I hold the blocks of my aligned group of `mask` ranks; swap with the next
+    while mask < comm.size:
+        partner = comm.rank ^ mask
+        mine, theirs = comm.rank - comm.rank % mask, partner - partner % mask
+        comm.sendrecv(comm.span(buf, mine, mine + mask), partner,
+                      comm.span(buf, theirs, theirs + mask), partner)
         mask *= 2
-    # 3. fold out: the odd rank of a pair hands the whole result to rank-1
-    if folded and rank % 2 == 1:
-        comm.send(buf, rank - 1)
-    elif folded:
-        comm.recv(buf, rank + 1)
 
 
-@algorithm
+@algorithm("all_gather", shape="ceil(lg p) messages, (p-1) n/p elements in all",
+           counts=lambda p, n, b, s: uniform(lg(p), p, lg(p), (p - 1) * b * s),
+           cost=lambda p, n: (lg(p), frac(p) * n, 0.0))
 def bruck(comm: Comm, buf: torch.Tensor) -> None:
     """Bruck's all-gather: lg p steps for any p, at the price of a final rotation.
 
@@ -100,10 +117,3 @@ def bruck(comm: Comm, buf: torch.Tensor) -> None:
     head = buf.numel() - start
     buf[start:].copy_(tmp[:head])
     buf[:start].copy_(tmp[head:])
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "ring": ring,
-    "recursive_doubling": recursive_doubling,
-    "bruck": bruck,
-}

@@ -12,18 +12,20 @@ not theirs, and without it Bruck all-gathers the table first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from colltutor.collectives import all_gather
-from colltutor.p2p import Comm, algorithm
+from colltutor.formulas import frac, lg, uniform
+from colltutor.p2p import Comm
+from colltutor.registry import algorithm
 
 Blocks = list[torch.Tensor]
 Counts = list[list[int]] | None
 
 
-@algorithm
+@algorithm("all_to_all", shape="p-1 messages of one block, all at once",
+           counts=lambda p, n, b, s: uniform(1, p, p - 1, (p - 1) * b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def linear(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
            ) -> None:
     """Post every receive and every send in one step and let the network sort it out.
@@ -46,7 +48,9 @@ def linear(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
     step.wait()
 
 
-@algorithm
+@algorithm("all_to_all", shape="p-1 messages of one block",
+           counts=lambda p, n, b, s: uniform(p - 1, p, p - 1, (p - 1) * b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
              ) -> None:
     """p-1 steps, one peer each way per step.
@@ -68,7 +72,13 @@ def pairwise(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
         comm.sendrecv(inputs[to], to, outputs[frm], frm)
 
 
-@algorithm
+@algorithm("all_to_all", shape="the sizes, then ceil(lg p) packed messages",
+           # the blocks whose distance has bit k set travel at step k: popcount(i)
+           # blocks each, after the p x p int64 block sizes
+           counts=lambda p, n, b, s: uniform(
+               2 * lg(p), p, 2 * lg(p),
+               sum(bin(i).count("1") for i in range(p)) * b * s + 8 * p * (p - 1)),
+           cost=lambda p, n: (2 * lg(p), n / 2 * lg(p), 0.0))
 def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
           ) -> None:
     """Bruck's all-to-all: ceil(lg p) steps, each moving about half of the data.
@@ -123,10 +133,3 @@ def _all_counts(comm: Comm, inputs: Blocks) -> list[list[int]]:
     sizes[rank * p:(rank + 1) * p] = torch.tensor([t.numel() for t in inputs])
     all_gather.bruck(comm, sizes)
     return sizes.view(p, p).tolist()
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "linear": linear,
-    "pairwise": pairwise,
-    "bruck": bruck,
-}

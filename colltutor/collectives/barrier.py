@@ -10,11 +10,11 @@ Chapter 8 of the book ("Barrier and synchronisation") walks through both.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from colltutor.p2p import Comm, algorithm
+from colltutor.formulas import lg, uniform
+from colltutor.p2p import Comm
+from colltutor.registry import algorithm
 
 
 def _token(comm: Comm) -> torch.Tensor:
@@ -22,7 +22,10 @@ def _token(comm: Comm) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.uint8, device=comm.device)
 
 
-@algorithm
+@algorithm("barrier", shape="rank 0 answers p-1 arrivals",
+           counts=lambda p, n, b, s: (2 if p > 1 else 0,
+                                      [(p - 1, p - 1)] + [(1, 1)] * (p - 1)),
+           cost=lambda p, n: (2 * (p - 1), 0.0, 0.0))
 def central(comm: Comm) -> None:
     """Central barrier: everyone checks in with rank 0, then rank 0 releases
     everyone.
@@ -49,7 +52,9 @@ def central(comm: Comm) -> None:
         comm.recv(token, 0)
 
 
-@algorithm
+@algorithm("barrier", shape="ceil(lg p) one-element messages",
+           counts=lambda p, n, b, s: uniform(lg(p), p, lg(p), lg(p)),
+           cost=lambda p, n: (lg(p), 0.0, 0.0))
 def dissemination(comm: Comm) -> None:
     """Dissemination barrier (Hensgen, Finkel and Manber): at step ``k`` every rank
     signals ``rank + 2^k`` and waits for ``rank - 2^k``.
@@ -69,9 +74,3 @@ def dissemination(comm: Comm) -> None:
         right, left = (comm.rank + mask) % p, (comm.rank - mask) % p
         comm.sendrecv(outgoing, right, incoming, left)
         mask <<= 1
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "central": central,
-    "dissemination": dissemination,
-}

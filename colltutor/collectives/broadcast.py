@@ -14,12 +14,13 @@ Chapter 3 of the book ("Broadcast and Reduce") walks through every algorithm.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
 from colltutor.collectives import all_gather, scatter, tree
-from colltutor.p2p import Comm, algorithm, blocks
+from colltutor.formulas import doubling, frac, lg, root_only, then, tree_down, uniform
+from colltutor.p2p import Comm, blocks
+from colltutor.registry import PerRank, algorithm
 
 BREAK_EVEN_BYTES = 64 * 1024
 """``alpha / beta``: the message size whose transfer costs as much as its latency.
@@ -38,7 +39,22 @@ def default_segments(nbytes: int, p: int) -> int:
     return max(1, round(math.sqrt(max(p - 2, 0) * nbytes / BREAK_EVEN_BYTES)))
 
 
-@algorithm
+def _chain(p: int, n: int, s: int) -> PerRank:
+    """The pipelined chain's counts: each rank but the last forwards k segments;
+    the p-1 hops and the k segments behind the first overlap: p + k - 2 rounds."""
+    k = max(1, min(default_segments(n * s, p), n))
+    return p + k - 2, [(k, n * s)] * (p - 1) + [(0, 0)]
+
+
+def _chain_terms(p: int, n: float) -> tuple[float, float, float]:
+    """The pipelined chain's terms with the segment count it picks itself."""
+    k = default_segments(int(n), p)
+    return p + k - 2, (p + k - 2) * n / k, 0.0
+
+
+@algorithm("broadcast", shape="the root sends the whole buffer p-1 times",
+           counts=lambda p, n, b, s: root_only(1, p, p - 1, (p - 1) * n * s),
+           cost=lambda p, n: (p - 1, (p - 1) * n, 0.0))
 def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Broadcast in one step: the root sends its whole buffer to every other rank.
 
@@ -55,7 +71,9 @@ def linear(comm: Comm, buf: torch.Tensor, root: int) -> None:
         comm.exchange(recvs=[(root, buf)])
 
 
-@algorithm
+@algorithm("broadcast", shape="one whole buffer to each child in the tree",
+           counts=lambda p, n, b, s: tree_down(p, n * s, whole=True),
+           cost=lambda p, n: (lg(p), lg(p) * n, 0.0))
 def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Broadcast down a binomial tree: the number of ranks holding the data doubles
     every step.
@@ -77,7 +95,9 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
         comm.send(buf, child.rank)
 
 
-@algorithm
+@algorithm("broadcast", shape="k segments passed down a chain of p ranks",
+           counts=lambda p, n, b, s: _chain(p, n, s),
+           cost=lambda p, n: _chain_terms(p, n))
 def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
                    segments: int | None = None) -> None:
     """Broadcast along the chain root -> root+1 -> ... -> root-1, in segments.
@@ -112,7 +132,13 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
     arriving.wait()
 
 
-@algorithm
+@algorithm("broadcast", shape="a binomial scatter then an all-gather",
+           counts=lambda p, n, b, s: then(
+               tree_down(p, b * s, whole=False),
+               doubling(p, n * s, b * s) if p & (p - 1) == 0
+               else uniform(p - 1, p, p - 1, (p - 1) * b * s)),
+           cost=lambda p, n: (2 * lg(p) if p & (p - 1) == 0 else lg(p) + p - 1,
+                              2 * frac(p) * n, 0.0))
 def scatter_allgather(comm: Comm, buf: torch.Tensor, root: int) -> None:
     """Broadcast as scatter + all-gather (van de Geijn): long messages, any ``p``.
 
@@ -136,11 +162,3 @@ def scatter_allgather(comm: Comm, buf: torch.Tensor, root: int) -> None:
         all_gather.recursive_doubling(comm, buf)
     else:
         all_gather.ring(comm, buf)
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "linear": linear,
-    "binomial_tree": binomial_tree,
-    "pipelined_ring": pipelined_ring,
-    "scatter_allgather": scatter_allgather,
-}

@@ -14,16 +14,18 @@ Chapter 4 of the book ("Scatter and Gather") walks through both algorithms.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from colltutor.collectives import tree
 from colltutor.collectives.scatter import relative_span
-from colltutor.p2p import Comm, algorithm, blocks, place
+from colltutor.formulas import all_but_root, frac, lg, tree_up
+from colltutor.p2p import Comm, blocks, place
+from colltutor.registry import algorithm
 
 
-@algorithm
+@algorithm("gather", shape="every non-root rank sends its block (n/p elements) once",
+           counts=lambda p, n, b, s: all_but_root(1, p, 1, b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def linear(comm: Comm, buf: torch.Tensor, root: int,
            mine: torch.Tensor | None = None) -> None:
     """Gather in one step: every rank sends its block straight to the root.
@@ -45,7 +47,9 @@ def linear(comm: Comm, buf: torch.Tensor, root: int,
         comm.exchange(sends=[(root, mine)])
 
 
-@algorithm
+@algorithm("gather", shape="every non-root rank sends its subtree's blocks once",
+           counts=lambda p, n, b, s: tree_up(p, b * s, whole=False),
+           cost=lambda p, n: (lg(p), frac(p) * n, 0.0))
 def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
                   mine: torch.Tensor | None = None) -> None:
     """Gather up a binomial tree: the mirror image of the binomial scatter.
@@ -73,9 +77,3 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
         subtree = ([mine] if node.leaf and mine is not None
                    else relative_span(buf, p, root, node.lo, node.hi))
         comm.exchange(sends=[(node.parent, t) for t in subtree])
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "linear": linear,
-    "binomial_tree": binomial_tree,
-}

@@ -13,12 +13,12 @@ Chapter 4 of the book ("Scatter and Gather") walks through both algorithms.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from colltutor.collectives import tree
-from colltutor.p2p import Comm, algorithm, blocks, place, span
+from colltutor.formulas import frac, lg, root_only, tree_down
+from colltutor.p2p import Comm, blocks, place, span
+from colltutor.registry import algorithm
 
 
 def relative_span(buf: torch.Tensor, p: int, root: int, lo: int, hi: int
@@ -38,7 +38,9 @@ def relative_span(buf: torch.Tensor, p: int, root: int, lo: int, hi: int
     return [span(buf, p, first, p), span(buf, p, 0, last - p)]
 
 
-@algorithm
+@algorithm("scatter", shape="the root sends p-1 messages of n/p elements",
+           counts=lambda p, n, b, s: root_only(1, p, p - 1, (p - 1) * b * s),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def linear(comm: Comm, buf: torch.Tensor, root: int,
            mine: torch.Tensor | None = None) -> None:
     """Scatter in one step: the root sends every block straight to its owner.
@@ -60,7 +62,9 @@ def linear(comm: Comm, buf: torch.Tensor, root: int,
         comm.exchange(recvs=[(root, mine)])
 
 
-@algorithm
+@algorithm("scatter", shape="the root sends lg p messages of its subtrees' blocks",
+           counts=lambda p, n, b, s: tree_down(p, b * s, whole=False),
+           cost=lambda p, n: (lg(p), frac(p) * n, 0.0))
 def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
                   mine: torch.Tensor | None = None) -> None:
     """Scatter down a binomial tree: each rank halves the blocks it holds.
@@ -89,9 +93,3 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int,
     # 3. my block, where the caller wants it (a leaf received it there)
     if mine is not None and not node.leaf:
         place(mine, blocks(buf, p)[comm.rank])
-
-
-ALGORITHMS: dict[str, Callable[..., None]] = {
-    "linear": linear,
-    "binomial_tree": binomial_tree,
-}

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import api, checks, p2p
+from colltutor import api, guards, p2p
 
 R = dist.ReduceOp
 P = 4
@@ -221,7 +221,7 @@ def _counted() -> dict:
 
     dist.ProcessGroup.send = send
     for flag in (True, False):
-        checks.set_checks(flag)
+        guards.set_checks(flag)
         counts["now"] = 0
         if r == 0:
             api.send(torch.ones(3), 1)
@@ -232,9 +232,9 @@ def _counted() -> dict:
         t = torch.ones(5)
         api.all_reduce(t, algorithm="ring")
         counts[f"all_reduce {flag}"] = counts["now"]
-        counts[f"enabled {flag}"] = checks.enabled()
+        counts[f"enabled {flag}"] = guards.enabled()
     dist.ProcessGroup.send = real
-    checks.set_checks(True)
+    guards.set_checks(True)
     return counts
 
 
@@ -255,15 +255,15 @@ def test_environment_switch(monkeypatch, value: str | None, expected: bool) -> N
         monkeypatch.delenv("COLLTUTOR_CHECKS", raising=False)
     else:
         monkeypatch.setenv("COLLTUTOR_CHECKS", value)
-    assert checks.from_environment() is expected
+    assert guards.enabled() is expected
 
 
 def test_set_checks_in_the_caller_reaches_the_ranks(monkeypatch) -> None:
     monkeypatch.setenv("COLLTUTOR_CHECKS", "1")  # restored after the test
-    checks.set_checks(False)
-    assert colltutor.run(checks.enabled, 2, timeout=30) == [False, False]
-    checks.set_checks(True)
-    assert colltutor.run(checks.enabled, 2, timeout=30) == [True, True]
+    guards.set_checks(False)
+    assert colltutor.run(guards.enabled, 2, timeout=30) == [False, False]
+    guards.set_checks(True)
+    assert colltutor.run(guards.enabled, 2, timeout=30) == [True, True]
 
 
 def _without_native_collectives() -> list:
@@ -308,7 +308,7 @@ def test_a_rank_that_raises_stops_the_run() -> None:
 
 
 def _exit_in_the_middle() -> None:
-    checks.set_checks(False)  # rank 3 leaves inside the algorithm, not the checks
+    guards.set_checks(False)  # rank 3 leaves inside the algorithm, not the checks
     if dist.get_rank() == 3:
         os._exit(3)
     api.all_reduce(torch.ones(1000), algorithm="ring")
@@ -328,7 +328,7 @@ def _lose_a_peer() -> list[str]:
         return []
     messages = []
     for checked in (False, True):
-        checks.set_checks(checked)
+        guards.set_checks(checked)
         try:
             api.all_reduce(torch.ones(1000), algorithm="ring")
             messages.append("no error")
@@ -340,7 +340,7 @@ def _lose_a_peer() -> list[str]:
 def test_a_lost_peer_is_named() -> None:
     messages = colltutor.run(_lose_a_peer, 2, timeout=30)[0]
     for message, where in zip(messages, ["all_reduce.ring/reduce_scatter.ring",
-                                         "checks.agree"]):
+                                         "guards.agree"]):
         assert message.startswith(f"rank 0 lost its connection to rank 1 during "
                                   f"{where} step 1 (rank 1 exited"), message
 

@@ -1,4 +1,4 @@
-"""Check a learner's collective: ``colltutor.check(fn, "all_reduce", expect="ring")``.
+"""Grade a learner's collective: ``colltutor.check(fn, "all_reduce", expect="ring")``.
 
 The learner writes a function with the signature of colltutor's own algorithms
 (:data:`SIGNATURES`): a :class:`colltutor.p2p.Comm` first, then flat 1-D buffers
@@ -24,39 +24,21 @@ which tells a ring from a naive ring.  Chapters 3-8 end with exercises that use 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import re
-import sys
 import threading
 import time
 import traceback
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from colltutor import checks, cost, ops, p2p, runtime
+from colltutor import collectives, guards, ops, p2p, registry, runtime  # noqa: F401
 from colltutor import trace as tracing
 
-SIGNATURES = {
-    "broadcast": "fn(comm, buf, root): root's buf ends in every rank's buf",
-    "reduce": "fn(comm, buf, op, root): root's buf = op over every buf; "
-              "other ranks' bufs left unchanged",
-    "all_reduce": "fn(comm, buf, op): every buf = op over every buf",
-    "gather": "fn(comm, buf, root): buf holds p blocks, own block valid; on exit "
-              "root's buf holds every rank's own block",
-    "scatter": "fn(comm, buf, root): root's buf holds p blocks; on exit every rank's "
-               "own block equals root's block for it",
-    "all_gather": "fn(comm, buf): own block valid on entry; every block valid on exit",
-    "reduce_scatter": "fn(comm, buf, op): own block of buf ends as that block "
-                      "reduced over every rank",
-    "all_to_all": "fn(comm, outputs, inputs): outputs[s] on rank r receives rank s's "
-                  "inputs[r] (lists of p flat tensors, sizes may differ)",
-    "barrier": "fn(comm): no rank leaves before every rank has entered",
-}
+SIGNATURES = {name: c.contract for name, c in registry.COLLECTIVES.items()}
 """The signature and contract a checked function must have, per collective (the
 contract of :mod:`colltutor.collectives`; a "block" is ``p2p.blocks(buf, p)[i]``)."""
 
@@ -64,35 +46,8 @@ WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 LARGE = 100_003
 """The element count of the "large" case (not a multiple of any world size here)."""
 
-SHAPES = {
-    ("all_reduce", "ring"): "2(p-1) messages of n/p elements",
-    ("all_reduce", "pipelined_ring"): "2(p-1) messages of n/p elements (small n)",
-    ("all_reduce", "naive_ring"): "p-1 messages of the whole buffer (n elements)",
-    ("all_reduce", "recursive_doubling"): "lg p messages of the whole buffer",
-    ("all_reduce", "reduce_broadcast"): "a binomial reduce then a binomial broadcast",
-    ("all_reduce", "rabenseifner"): "lg p halving messages then lg p doubling ones",
-    ("reduce_scatter", "ring"): "p-1 messages of n/p elements",
-    ("reduce_scatter", "pairwise"): "p-1 messages of n/p elements",
-    ("all_gather", "ring"): "p-1 messages of n/p elements",
-    ("all_gather", "bruck"): "ceil(lg p) messages, (p-1) n/p elements in all",
-    ("broadcast", "binomial_tree"): "one whole buffer to each child in the tree",
-    ("broadcast", "linear"): "the root sends the whole buffer p-1 times",
-    ("reduce", "linear"): "every non-root rank sends its whole buffer once",
-    ("reduce", "binomial_tree"): "every non-root rank sends one whole buffer",
-    ("gather", "linear"): "every non-root rank sends its block (n/p elements) once",
-    ("gather", "binomial_tree"): "every non-root rank sends its subtree's blocks once",
-    ("scatter", "linear"): "the root sends p-1 messages of n/p elements",
-    ("scatter", "binomial_tree"): "the root sends lg p messages of its subtrees' "
-                                  "blocks",
-    ("all_to_all", "pairwise"): "p-1 messages of one block",
-    ("all_to_all", "linear"): "p-1 messages of one block, all at once",
-    ("barrier", "dissemination"): "ceil(lg p) one-element messages",
-    ("barrier", "central"): "rank 0 answers p-1 arrivals",
-}
-"""Words for the message pattern of an algorithm, used in structure reports."""
-
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
-_REDUCING = ("reduce", "all_reduce", "reduce_scatter")
+_ROOTED = {name for name, c in registry.COLLECTIVES.items() if c.rooted}
+_REDUCING = {name for name, c in registry.COLLECTIVES.items() if c.reducing}
 _SENTINEL = -999  # outside every value a case can produce
 _MARK = "COLLTUTOR-CHECK "
 
@@ -371,7 +326,7 @@ def _rank_check(fn: Callable, collective: str, chosen: list[Case]) -> list[tuple
     """Run every case on this rank; raise :class:`CheckFailure` at the first wrong
     result.  Returns, per case, this rank's (messages, elements, phases)."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    checks.set_checks(False)  # colltutor.send would add header messages to counts
+    guards.set_checks(False)  # colltutor.send would add header messages to counts
     data = [_expected(collective, case, rank, p) for case in chosen]
     counted = []
     for case, expect in zip(chosen, data):
@@ -525,10 +480,6 @@ class Report:
     def __bool__(self) -> bool:
         return self.ok
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            raise AssertionError(self.message)
-
 
 def check(fn: Callable, collective: str, expect: str | None = None, *,
           world_sizes: Sequence[int] = WORLD_SIZES, timeout: float = 10.0,
@@ -546,9 +497,9 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     if collective not in SIGNATURES:
         raise ValueError(f"unknown collective {collective!r}; choose from "
                          f"{', '.join(SIGNATURES)}")
-    if expect is not None and expect not in cost.TABLE[collective]:
+    if expect is not None and expect not in registry.find(collective):
         raise ValueError(f"{collective} has no algorithm {expect!r}; choose from "
-                         f"{', '.join(cost.TABLE[collective])}")
+                         f"{', '.join(registry.find(collective))}")
     total = 0
     for p in world_sizes:
         chosen = cases(collective, p, large)
@@ -566,7 +517,7 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     message = (f"PASSED {_name(fn)} as {collective}: {total} cases on {sizes} ranks "
                f"match torch.distributed")
     if expect:
-        shape = SHAPES.get((collective, expect), "the closed form of colltutor.cost")
+        shape = registry.find(collective)[expect].shape
         message += f"; every rank sends what a {_algo(expect, collective)} sends " \
                    f"({shape})"
     return Report(True, collective, expect, message, total, tuple(world_sizes))
@@ -637,7 +588,8 @@ def _structure(collective: str, expect: str, p: int, case: Case, counted: list
                ) -> dict | None:
     """Compare the first case's messages, rank by rank, with the closed form."""
     per_rank = [ranks[0] for ranks in counted]
-    package = {f"{name}.{algo}" for name, table in cost.TABLE.items() for algo in table}
+    package = {f"{name}.{algo}" for name, table in registry.ALGORITHMS.items()
+               for algo in table}
     for rank, (_, _, phases) in enumerate(per_rank):
         used = sorted({part for ph in phases for part in ph.split("/")} & package)
         if used:
@@ -646,7 +598,8 @@ def _structure(collective: str, expect: str, p: int, case: Case, counted: list
     if p == 1:
         return None
     n = case.count * (p if collective == "all_to_all" else 1)
-    _, want = cost.TABLE[collective][expect](p, n, n // p)
+    # one-byte elements: the declared byte counts are element counts
+    _, want = registry.find(collective)[expect].counts(p, n, n // p, 1)
     for rank, ((messages, elements, _), (w_messages, w_elements)) in enumerate(
             zip(per_rank, want)):
         if (messages, elements) != (w_messages, w_elements):
@@ -748,19 +701,6 @@ def _many(count: int, noun: str) -> str:
 
 
 def _set_expect_name(report_failure: dict, collective: str, expect: str) -> None:
-    shape = SHAPES.get((collective, expect))
+    shape = registry.find(collective)[expect].shape if expect else None
     if shape:
         report_failure["expect_name"] = f": a {_algo(expect, collective)} sends {shape}"
-
-
-# ``colltutor.check(...)`` calls :func:`check` (the module itself is callable, like
-# ``colltutor.trace``), while ``colltutor.check.cases`` and the rest stay reachable.
-class _Module(types.ModuleType):
-    def __call__(self, *args, **kwargs) -> Report:
-        return check(*args, **kwargs)
-
-    def __reduce__(self):
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Module

@@ -1,4 +1,5 @@
-"""Checks: a learner's mistake becomes one clear error on every rank.
+"""Guards around every collective: a learner's mistake becomes one clear error on
+every rank.
 
 With native gloo, a ``float32`` receive of an ``int64`` message aborts the process, a
 reduce whose ranks pass different ops silently picks one, and two ranks calling
@@ -35,19 +36,15 @@ from typing import Any
 
 import torch
 
-from colltutor import ops, runtime
+from colltutor import ops, status
 from colltutor.p2p import Comm, Pending
 
 
-def from_environment() -> bool:
-    """``COLLTUTOR_CHECKS=0`` (or ``off``, ``false``, ``no``) turns checks off."""
+def enabled() -> bool:
+    """Whether colltutor checks arguments and agreement: yes, unless
+    ``COLLTUTOR_CHECKS`` is ``0``, ``off``, ``false`` or ``no``."""
     value = os.environ.get("COLLTUTOR_CHECKS", "1").strip().lower()
     return value not in ("0", "false", "no", "off")
-
-
-def enabled() -> bool:
-    """Whether colltutor checks arguments and agreement (the default: yes)."""
-    return from_environment()
 
 
 def set_checks(flag: bool) -> None:
@@ -100,10 +97,12 @@ def _dtype_name(dtype_id: int) -> str:
 
 
 class _Call:
-    """One public collective call as its rank made it."""
+    """One public collective call as its rank made it; ``algorithms(kind)`` lists
+    the names its ``algorithm=`` may take."""
 
-    def __init__(self, name: str, arguments: dict[str, Any]) -> None:
-        self.name, self.arguments = name, arguments
+    def __init__(self, name: str, arguments: dict[str, Any],
+                 algorithms: Callable[[str], list[str]]) -> None:
+        self.name, self.arguments, self.algorithms = name, arguments, algorithms
         self.error: BaseException | None = None
         self.agreed = False
 
@@ -113,45 +112,51 @@ _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 )
 
 
-def collective(fn: Callable) -> Callable:
-    """Decorate a public collective: its ranks agree before any message moves.
+def collective(algorithms: Callable[[str], list[str]]
+               ) -> Callable[[Callable], Callable]:
+    """A decorator for public collectives: their ranks agree before any message moves.
 
-    The call is remembered while ``fn`` runs; ``fn``'s launch calls :func:`agree`.
-    If ``fn`` rejects its arguments before that, this rank still takes part in the
-    agreement, flagged as wrong, so the other ranks raise too instead of hanging.
+    The call is remembered while the collective runs; its launch calls
+    :func:`agree`.  If it rejects its arguments before that, this rank still takes
+    part in the agreement, flagged as wrong, so the other ranks raise too instead of
+    hanging.  ``algorithms(kind)`` lists the names ``algorithm=`` may take.
     """
-    parameters = inspect.signature(fn).parameters
-    names = list(parameters)
-    defaults = {name: p.default for name, p in parameters.items()}
+    def decorate(fn: Callable) -> Callable:
+        parameters = inspect.signature(fn).parameters
+        names = list(parameters)
+        defaults = {name: p.default for name, p in parameters.items()}
 
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        if not enabled():
-            return fn(*args, **kwargs)
-        arguments = dict(defaults)  # what signature.bind does, ten times faster
-        arguments.update(zip(names, args))
-        arguments.update(kwargs)
-        call = _Call(fn.__name__, arguments)
-        token = _current.set(call)
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:
-            if not call.agreed:
-                call.error = error
-                _fail_together(call)
-            raise
-        finally:
-            _current.reset(token)
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            if not enabled():
+                return fn(*args, **kwargs)
+            arguments = dict(defaults)  # what signature.bind does, ten times faster
+            arguments.update(zip(names, args))
+            arguments.update(kwargs)
+            call = _Call(fn.__name__, arguments, algorithms)
+            token = _current.set(call)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as error:
+                if not call.agreed:
+                    call.error = error
+                    _fail_together(call)
+                raise
+            finally:
+                _current.reset(token)
 
-    return checked
+        return checked
+
+    return decorate
 
 
 def _fail_together(call: _Call) -> None:
-    """Take part in the agreement with this rank's argument error, then re-raise."""
-    from colltutor import api  # the launch keeps collectives in program order
-
+    """Take part in the agreement with this rank's argument error; the caller then
+    re-raises it."""
     try:
-        api._launch(call.arguments.get("group"), False, lambda comm: None)
+        comm = Comm(call.arguments.get("group"))
+        if comm.rank >= 0:  # a rank outside the group has nobody to agree with
+            agree(comm)
     except Exception:  # a bad group, or the agreement itself: the first error wins
         pass
 
@@ -181,7 +186,7 @@ def agree(comm: Comm) -> None:
     table = _all_gather_rows(comm, row)
     if any(fields[2] for fields in table):
         _raise_argument_errors(call, comm, table)
-    problem = _compare(call.name, comm, table)
+    problem = _compare(call, comm, table)
     if problem:
         raise MismatchError(problem)
 
@@ -213,7 +218,7 @@ def _describe(call: _Call, comm: Comm) -> list[int]:
     op = ops.ALL_OPS.index(a["op"]) if "op" in a else _NONE
     root = _root(a, comm)
     algorithm = a.get("algorithm")
-    algorithm = _NONE if algorithm is None else _algorithms(kind).index(algorithm)
+    algorithm = _NONE if algorithm is None else call.algorithms(kind).index(algorithm)
     return [dtype, numel, op, root, algorithm]
 
 
@@ -244,12 +249,6 @@ def _split_counts(call: _Call, p: int) -> list[int]:
     return counts
 
 
-def _algorithms(kind: str) -> list[str]:
-    from colltutor import api
-
-    return api.algorithms(kind)
-
-
 # -- local argument checks --------------------------------------------------------
 
 
@@ -274,9 +273,9 @@ def _check_locally(call: _Call, comm: Comm) -> None:
                         f"{listed}")
     algorithm = call.arguments.get("algorithm")
     kind = _kind(call.name)
-    if algorithm is not None and algorithm not in _algorithms(kind):
+    if algorithm is not None and algorithm not in call.algorithms(kind):
         raise ValueError(f"{kind} has no algorithm {algorithm!r}; choose from "
-                         f"{', '.join(_algorithms(kind))}")
+                         f"{', '.join(call.algorithms(kind))}")
     if kind == "all_to_all":
         counts = _split_counts(call, comm.size)
         if len(counts) != 2 * comm.size or min(counts, default=0) < 0:
@@ -304,7 +303,7 @@ def _quiet(comm: Comm, tag: int, phase: str) -> Comm:
     the algorithm's), the runtime's hang report does."""
     quiet = Comm(comm.group, tag=tag)
     quiet.observers = tuple(o for o in comm.observers
-                            if isinstance(o, runtime.StepWatcher))
+                            if isinstance(o, status.StepWatcher))
     quiet.phases.append(phase)
     return quiet
 
@@ -317,7 +316,7 @@ def _all_gather_rows(comm: Comm, row: list[int]) -> list[list[int]]:
     ``rank + i``; rotating the list puts them in rank order.
     """
     p, me = comm.size, comm.rank
-    quiet = _quiet(comm, _FINGERPRINT_TAG, "checks.agree")
+    quiet = _quiet(comm, _FINGERPRINT_TAG, "guards.agree")
     held = torch.empty(p, len(row), dtype=torch.int64, device=comm.device)
     held[0] = torch.tensor(row)
     distance = 1
@@ -367,9 +366,9 @@ def _by_value(values: list, ranks: list[int]) -> list[tuple[Any, list[int]]]:
     return sorted(groups.items(), key=lambda item: item[1][0])
 
 
-def _compare(name: str, comm: Comm, table: list[list[int]]) -> str:
+def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
     """The disagreements in a table of fingerprints, as a message ('' if none)."""
-    ranks = comm.global_ranks
+    name, ranks = call.name, comm.global_ranks
     if any(row[0] != _MAGIC for row in table):
         return f"{name}: a rank sent a garbled fingerprint (checks off on some ranks?)"
     names = [NAMES[row[1]] for row in table]
@@ -380,7 +379,8 @@ def _compare(name: str, comm: Comm, table: list[list[int]]) -> str:
         "dtype": _dtype_name, "numel": lambda n: f"{n} elements",
         "op": lambda i: ops.op_name(ops.ALL_OPS[i]),
         "root": lambda r: f"rank {ranks[r]}",
-        "algorithm": lambda i: "the default" if i < 0 else _algorithms(_kind(name))[i],
+        "algorithm": lambda i: ("the default" if i < 0
+                                else call.algorithms(_kind(name))[i]),
     }
     lines = []
     for column, field in enumerate(_FIELDS[2:], start=2):
@@ -423,7 +423,7 @@ def _describe_header(fields: list[int]) -> str:
 
 
 def _header_comm(comm: Comm) -> Comm:
-    return _quiet(comm, comm.tag ^ _HEADER_BIT, "checks.header")
+    return _quiet(comm, comm.tag ^ _HEADER_BIT, "guards.header")
 
 
 def send(comm: Comm, peer: int, flat: torch.Tensor,
