@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system book notebooks test lint clean
+.PHONY: setup system simgrid book notebooks test test-nccl-rules lint clean
 
 setup: $(VENV)/.installed
 
@@ -32,7 +32,31 @@ system:
 	  fi; \
 	fi
 
-book: setup system
+# SimGrid for colltutor.simulate: Debian's and Ubuntu's python3-simgrid (installed as
+# root when missing) brings one extension module, built for the system's Python; it
+# is linked into .venv, alone, when the venv's Python is that version (Debian 12:
+# 3.11).  Elsewhere `.venv/bin/pip install simgrid` builds it from source (README,
+# "Simulated clusters"); without it, tests/test_simulate.py skips and says why.
+DIST = /usr/lib/python3/dist-packages
+PYVAR = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("$(1)"))')
+SIMGRID_SO = $(DIST)/simgrid$(call PYVAR,EXT_SUFFIX)
+
+simgrid: setup
+	@if [ "$$(id -u)" = 0 ] && ! ls $(DIST)/simgrid.*.so >/dev/null 2>&1 \
+	    && command -v apt-get >/dev/null; then \
+	  echo "apt-get install python3-simgrid"; \
+	  apt-get update -qq && apt-get install -y -qq python3-simgrid >/dev/null \
+	    || echo "(no python3-simgrid here)"; \
+	fi
+	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
+	if [ -e "$(SIMGRID_SO)" ] && [ ! -e "$$site/$$(basename $(SIMGRID_SO))" ]; then \
+	  ln -s "$(SIMGRID_SO)" "$$site/"; \
+	fi
+	@$(BIN)/python -c 'from colltutor.transports import simgrid; simgrid.load()' \
+	  2>/dev/null && echo "SimGrid: ready" \
+	  || echo "SimGrid: not installed, so colltutor.simulate is off (see README)"
+
+book: setup system simgrid
 	$(BIN)/python tools/vendor_assets.py
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
@@ -42,11 +66,20 @@ notebooks: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup system lint book
+NBVAL := --nbval notebooks/ --nbval-current-env \
+	  --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=120
+
+test: setup system simgrid lint book
 	$(BIN)/pytest -q tests/
-	$(BIN)/pytest -q --nbval notebooks/ --nbval-current-env \
-	  --nbval-sanitize-with notebooks/sanitize.cfg \
-	  --nbval-cell-timeout=120 -p no:cacheprovider
+	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider
+	$(MAKE) --no-print-directory test-nccl-rules
+
+# The oracle matrix, the runtime and every notebook again under NCCL's rules on the
+# CPU (colltutor/transports/nccl_rules.py): what a multi-GPU run would do.
+test-nccl-rules: setup
+	COLLTUTOR_EMULATE=nccl $(BIN)/pytest -q -p no:cacheprovider \
+	  tests/test_collectives.py tests/test_runtime.py
+	COLLTUTOR_EMULATE=nccl $(BIN)/pytest -q $(NBVAL) -p no:cacheprovider
 
 clean:
 	rm -rf _build $(VENV)

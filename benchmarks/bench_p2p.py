@@ -6,7 +6,8 @@ send to each other at once, as in every step of a ring on two ranks), each as on
 message and cut into pieces all posted at once.  On one host every byte is copied
 by a CPU at both ends, so on a 2-core machine an exchange gets about half the
 ping-pong's rate each way: a 2-rank all-reduce, whose busbw counts one direction,
-can approach the exchange's figure but not the ping-pong's (Chapter 9).
+can approach the exchange's figure but not the ping-pong's (the appendix
+"Measuring on your own machine").
 
 No colltutor collective runs here, so the threads keep the scheduler's placement.
 

@@ -1,6 +1,7 @@
-"""How long ``colltutor.run`` takes to start ranks: cold (first run) and warm.
+"""How long ``colltutor.run`` takes to start ranks: cold (first run), warm, and the
+slowest of many warm runs in a row.
 
-    .venv/bin/python benchmarks/bench_runtime.py [--repeats 20]
+    .venv/bin/python benchmarks/bench_runtime.py [--repeats 20] [--runs 300]
 
 Cold is the first run in a fresh process: it starts colltutor's fork server, which
 imports torch once (a second or two); warm runs fork ranks from it.  The task is a
@@ -8,6 +9,11 @@ trivial all-reduce: torch's, so the figures are the runtime's own cost (fork, jo
 the group, run, report, reap), then colltutor's for comparison.  torch is imported
 before timing, as it is in a notebook.  CPU time (of the caller, the server and the
 ranks together) hardly depends on what else the machine is doing; wall-clock does.
+
+The last figure is ``--runs`` warm 4-rank runs back to back: their mean, their
+slowest, and how many took over 0.5 s.  A rare stall hides in a median: this is the
+number a notebook cell that "sometimes takes 5 seconds" shows (issue 27: ranks
+whose store client waited for a lost DNS reply).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import torch.distributed as dist
 import colltutor
 from colltutor import _client, runtime
 from colltutor.demo import collective_function
+
+SLOW = 0.5  # seconds: a warm run slower than this is a stall
 
 
 def torch_all_reduce() -> float:
@@ -57,9 +65,24 @@ def timed(world_size: int, fn=torch_all_reduce) -> tuple[float, float]:
     return elapsed, cpu_seconds() - cpu
 
 
+def in_a_row(runs: int, world_size: int = 4) -> None:
+    """``runs`` warm runs back to back: mean, slowest, and how many stalled."""
+    walls = [timed(world_size)[0] for _ in range(runs)]
+    slowest = max(range(runs), key=walls.__getitem__)
+    over = [i for i, wall in enumerate(walls) if wall > SLOW]
+    print(f"{runs} warm runs in a row, {world_size} ranks, torch: mean "
+          f"{statistics.mean(walls) * 1000:.0f} ms, median "
+          f"{statistics.median(walls) * 1000:.0f} ms, slowest "
+          f"{walls[slowest] * 1000:.0f} ms (run {slowest}); {len(over)} over "
+          f"{SLOW:g} s" + (f" (runs {', '.join(map(str, over[:10]))})" if over else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="warm runs per median (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=300,
+                        help="warm 4-rank runs in a row (default: %(default)s)")
     args = parser.parse_args()
     print(f"{runtime.cores()} cores, load average {os.getloadavg()[0]:.1f} "
           "(other work on the machine slows every figure)")
@@ -67,7 +90,7 @@ def main() -> None:
     print(f"cold, 4 ranks (starts the fork server): {cold * 1000:6.0f} ms")
     cases = [(size, torch_all_reduce) for size in (4, 1, 2, 8)]
     cases.append((4, colltutor_all_reduce))
-    for size, fn in cases:
+    for size, fn in cases if args.repeats else []:
         walls, cpus = zip(*(timed(size, fn) for _ in range(args.repeats)), strict=True)
         median, best = statistics.median(walls) * 1000, min(walls) * 1000
         cpu = statistics.median(cpus) * 1000
@@ -75,6 +98,9 @@ def main() -> None:
         print(f"warm, {size} rank{'s' if size > 1 else ' '}, {what:9}: median "
               f"{median:4.0f} ms, best {best:4.0f} ms; CPU time, all processes: "
               f"{cpu:4.0f} ms ({args.repeats} runs)")
+    if args.runs:
+        in_a_row(args.runs)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     runtime.shutdown()
 
 

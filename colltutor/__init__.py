@@ -4,7 +4,7 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
-from colltutor import cost, trace
+from colltutor import cost, simulate, topologies, trace
 from colltutor.api import (
     Work,
     algorithms,
@@ -26,6 +26,7 @@ from colltutor.api import (
     reduce_scatter_tensor,
     scatter,
     send,
+    synchronize,
 )
 from colltutor.grader import check
 from colltutor.guards import MismatchError, PeerArgumentError, set_checks
@@ -51,5 +52,6 @@ __all__ = [
     "all_to_all_single", "barrier", "broadcast", "check", "cost", "device",
     "environment", "gather", "init", "irecv", "isend", "launch", "rank", "recv",
     "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
-    "run", "scatter", "send", "set_checks", "shutdown", "trace", "world_size",
+    "run", "scatter", "send", "set_checks", "shutdown", "simulate", "synchronize",
+    "topologies", "trace", "world_size",
 ]

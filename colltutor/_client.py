@@ -2,10 +2,10 @@
 
 :func:`colltutor.run` uses this module.  :func:`server` starts ``python -m
 colltutor._server`` once per process (see ``_server.py``); a :class:`Run` asks it to
-fork the ranks, reads each rank's output and result pipes until every rank has
-ended, and returns how the run :class:`Ended`: results by rank, or which ranks
-failed, died or did not finish in time.  ``colltutor.runtime`` turns that into the
-errors a learner sees.
+fork the ranks, reads each rank's output pipe and socket until every rank has
+ended, answering the ranks' :class:`Store` requests on those sockets, and returns
+how the run :class:`Ended`: results by rank, or which ranks failed, died or did not
+finish in time.  ``colltutor.runtime`` turns that into the errors a learner sees.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import datetime
 import itertools
 import math
 import os
@@ -33,8 +32,11 @@ import cloudpickle
 
 from colltutor import _ipc
 
-MAX_WORLD_SIZE = _ipc.MAX_FDS // 2  # two pipes per rank travel in one message
-_GRACE = 0.05  # after a first failure, seconds to wait for simultaneous ones
+MAX_WORLD_SIZE = _ipc.MAX_FDS // 2  # two descriptors per rank travel in one message
+_GRACE = 0.25  # after a first failure, seconds to wait for simultaneous ones
+_CAUSE_WAIT = 2.0  # ... and for the cause when all so far were caused elsewhere
+CAUSED_ELSEWHERE = ("PeerArgumentError:", "PeerLostError:")
+"""Errors a rank raises because of another rank's (bad arguments, a lost peer)."""
 _STATUS_WAIT = 0.5  # after a timeout, seconds to wait for the ranks' status lines
 _STOP_WAIT = 10.0  # seconds to wait for killed ranks to be reaped
 _LONGEST = 7 * 86400.0  # torch's own timeouts when the run has none
@@ -219,32 +221,112 @@ class Ended:
     timed_out: bool = False
     pending: list[int] = dataclasses.field(default_factory=list)  # unfinished ranks
     statuses: dict[int, str] = dataclasses.field(default_factory=dict)
+    # rank -> the collectives it is in and how many of each it returned from
+    collectives: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+
+class Store:
+    """The key-value store through which a run's ranks find each other (what
+    ``torch.distributed`` calls a store): a dict in the caller, which each rank
+    reaches over its socket (``_rank.CallerStore``).
+
+    A ``TCPStore`` would do the same, but each of its clients looks the server's
+    address up in DNS when it connects (to name it in log messages), and a lost
+    reply holds the run for the resolver's 5-second retry.
+    """
+
+    OPS = ("set", "add", "check", "compare_set", "delete_key", "num_keys")
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.waiting: list[tuple[Rank, str, tuple]] = []  # gets and waits
+
+    def request(self, rank: Rank, op: str, args: tuple) -> None:
+        """Answer ``rank``'s ``op(*args)``; a get or a wait once its keys exist."""
+        if op in ("get", "wait"):
+            self.waiting.append((rank, op, args))
+        elif op in self.OPS:
+            answer = getattr(self, op)(*args)
+            if op != "set":  # a set is not answered, as in a TCPStore
+                rank.reply(answer)
+        else:
+            rank.reply(ValueError(f"colltutor's store has no operation {op!r}"))
+        for entry in [w for w in self.waiting if self._ready(w)]:
+            self.waiting.remove(entry)
+            rank, op, args = entry
+            rank.reply(self.data[args[0]] if op == "get" else True)
+
+    def _ready(self, waiting: tuple[Rank, str, tuple]) -> bool:
+        _, op, args = waiting
+        return all(key in self.data for key in ([args[0]] if op == "get" else args[0]))
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def add(self, key: str, amount: int) -> int:
+        total = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(total).encode()
+        return total
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.data for key in keys)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and
+        ``expected`` is empty); return the value it holds then."""
+        current = self.data.get(key)
+        if current == expected or (current is None and not expected):
+            self.data[key] = desired
+            return desired
+        return expected if current is None else current
+
+    def delete_key(self, key: str) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        return len(self.data)
 
 
 class Rank:
-    """The caller's view of one rank: pid, result and output pipes, outcome."""
+    """The caller's view of one rank: pid, socket and output pipe, outcome."""
 
-    def __init__(self, rank: int, results: int, output: int, stream: bool) -> None:
-        self.rank, self.results, self.output = rank, results, output
-        self.stream = stream
+    def __init__(self, rank: int, sock: socket.socket, output: int, store: Store,
+                 stream: bool) -> None:
+        self.rank, self.socket, self.output = rank, sock, output
+        self.store, self.stream = store, stream
         self.pid = 0
         self.reader = _ipc.FrameReader()
         self.partial = b""
         self.lines: list[str] = []
         self.outcome: tuple | None = None  # ("ok", bytes) / ("error", summary, text)
         self.status: str | None = None
+        self.collectives: tuple | None = None  # see colltutor.status.collectives
         self.exit_status: int | None = None
 
     def read_results(self) -> bool | None:
-        """Read result messages: True if some came, False at end of file, None if
-        there is nothing to read now."""
-        data = _read(self.results)
-        for message in self.reader.feed(data or b""):
-            if message[0] == "status":
-                self.status = message[1]
+        """Read the rank's messages (results, status, store requests): True if some
+        came, False at end of file, None if there is nothing to read now."""
+        try:
+            data = self.socket.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:  # the rank is gone
+            data = b""
+        for message in self.reader.feed(data):
+            if message[0] == "store":
+                self.store.request(self, message[1], message[2:])
+            elif message[0] == "status":
+                self.status, self.collectives = message[1:]
             elif self.outcome is None:
                 self.outcome = message
-        return data if data is None else bool(data)
+        return bool(data)
+
+    def reply(self, answer: Any) -> None:
+        """Answer the rank's store request (it waits for nothing else)."""
+        try:
+            self.socket.sendall(_ipc.encode(answer), socket.MSG_NOSIGNAL)
+        except OSError:  # the rank is gone: nobody to answer
+            pass
 
     def read_output(self) -> bool | None:
         """Read what the rank printed: True if something came, False at end of
@@ -301,42 +383,27 @@ class Run:
             raise
 
     def _execute(self, payload: bytes, cores: int) -> Ended:
-        import torch.distributed as dist
-
-        listener = socket.create_server(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        fd = listener.detach()
         try:
-            wait = datetime.timedelta(seconds=min(self.timeout, _LONGEST) + 30)
-            store = dist.TCPStore("127.0.0.1", port, self.world_size, is_master=True,
-                                  wait_for_workers=False, master_listen_fd=fd,
-                                  timeout=wait)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            self._start(payload, port, cores)
+            self._start(payload, cores)
             return self._watch()
         finally:
             for r in self.ranks:
-                os.close(r.results)
+                r.socket.close()
                 os.close(r.output)
-            del store  # closes the port now, even while a traceback holds this frame
 
-    def _start(self, payload: bytes, port: int, cores: int) -> None:
+    def _start(self, payload: bytes, cores: int) -> None:
         task = {
-            "world_size": self.world_size, "port": port, "backend": self.backend,
+            "world_size": self.world_size, "backend": self.backend,
             "timeout": min(self.timeout, _LONGEST), "cores": cores,
             "cwd": os.getcwd(), "path": list(sys.path), "env": dict(os.environ),
         }
-        ends = []
+        store, ends = Store(), []
         for r in range(self.world_size):
             output_r, output_w = os.pipe()
-            results_r, results_w = os.pipe()
             os.set_blocking(output_r, False)
-            os.set_blocking(results_r, False)
-            self.ranks.append(Rank(r, results_r, output_r, self.stream))
-            ends += [output_w, results_w]
+            ours, theirs = socket.socketpair()
+            self.ranks.append(Rank(r, ours, output_r, store, self.stream))
+            ends += [output_w, theirs.detach()]
         run_id = next(_run_ids)
         self.server.wait_ready()
         try:
@@ -361,7 +428,7 @@ class Run:
         selector = selectors.DefaultSelector()
         selector.register(self.server.sock, selectors.EVENT_READ)
         for r in self.ranks:
-            selector.register(r.results, selectors.EVENT_READ, (r, r.read_results))
+            selector.register(r.socket, selectors.EVENT_READ, (r, r.read_results))
             selector.register(r.output, selectors.EVENT_READ, (r, r.read_output))
         try:
             failed = self._wait(selector)
@@ -380,28 +447,28 @@ class Run:
         """Watch until every rank has ended; return what went wrong, if anything."""
         deadline = time.monotonic() + self.timeout
         failed_at = asked_at = killed_at = None
-        outcome = None
+        outcome, asked = None, []
         while any(r.exit_status is None for r in self.ranks):
             now = time.monotonic()
             if killed_at is None:
                 if failed_at is None and asked_at is None and self._failures():
                     failed_at = now
                 if failed_at is not None:  # wait a moment for simultaneous failures
-                    wake = failed_at + _GRACE
-                    if now >= wake:
-                        outcome, killed_at = self._failures(), self._kill(now)
-                elif now >= deadline:  # ask the unfinished ranks what they wait for
-                    pending = [r for r in self.ranks if r.outcome is None]
+                    failures = self._failures()
+                    caused = any(not s.startswith(CAUSED_ELSEWHERE)
+                                 for s in failures.summaries.values())
+                    wake = failed_at + (_GRACE if caused else _CAUSE_WAIT)
+                    if now >= wake or all(r.outcome for r in self.ranks):
+                        outcome, killed_at = failures, self._kill(now)
+                elif now >= deadline:  # ask every rank what it is doing
                     if asked_at is None:
                         asked_at = now
+                        asked = [r for r in self.ranks if r.exit_status is None]
                         self.server.send(("kill", signal.SIGUSR1,
-                                          [r.pid for r in pending]))
+                                          [r.pid for r in asked]))
                     wake = asked_at + _STATUS_WAIT
-                    if now >= wake or all(r.status for r in pending):
-                        outcome = Ended(
-                            timed_out=True, pending=[r.rank for r in pending],
-                            statuses={r.rank: r.status for r in pending if r.status})
-                        killed_at = self._kill(now)
+                    if now >= wake or all(r.status is not None for r in asked):
+                        outcome, killed_at = self._timed_out(), self._kill(now)
                 else:
                     wake = deadline
             if killed_at is not None:
@@ -434,6 +501,15 @@ class Run:
                         pass
                 if r.outcome is None:
                     r.outcome = ("died", r.how_it_ended())
+
+    def _timed_out(self) -> Ended:
+        """The unfinished ranks, what they wait for, and where every rank is in
+        the collectives (finished ranks, waiting for the others, answer too)."""
+        pending = [r for r in self.ranks if r.outcome is None]
+        return Ended(timed_out=True, pending=[r.rank for r in pending],
+                     statuses={r.rank: r.status for r in pending if r.status},
+                     collectives={r.rank: r.collectives for r in self.ranks
+                                  if r.collectives is not None})
 
     def _failures(self) -> Ended | None:
         """The ranks to blame: those that died on their own, else those that raised."""

@@ -16,7 +16,7 @@ import struct
 from typing import Any
 
 _LENGTH = struct.Struct("!I")
-MAX_FDS = 3 * 256
+MAX_FDS = 253  # the most one message may carry (Linux's SCM_MAX_FD)
 
 
 def encode(message: Any) -> bytes:

@@ -4,10 +4,11 @@ The server imports this module (and with it torch) once; :func:`child` is the fi
 code a freshly forked rank runs.  Nothing here runs a torch operation at import time:
 the server must stay free of OpenMP threads and CUDA so that forking it is safe.
 
-A rank talks to the caller through two pipes: everything it prints (file descriptors
-1 and 2, so output from C++ lands there too) and a *result* pipe carrying messages:
-``("ok", pickled result)``, ``("error", summary, traceback)`` and, when the caller
-asks with ``SIGUSR1`` after a timeout, ``("status", text)``.
+A rank talks to the caller through a pipe that carries everything it prints (file
+descriptors 1 and 2, so output from C++ lands there too) and a socket carrying
+messages: ``("ok", pickled result)``, ``("error", summary, traceback)``, when the
+caller asks with ``SIGUSR1`` after a timeout ``("status", text, collectives)``, and
+the requests of :class:`CallerStore`, which the caller answers on the same socket.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,28 +28,74 @@ import torch
 import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
-from colltutor import _ipc, p2p, status
+from colltutor import _ipc, api, p2p, status
+from colltutor.transports import nccl_rules
 
 EXIT_KEY = "colltutor/exit"
 DONE_KEY = "colltutor/done"
 
 
 class Channel:
-    """The rank's end of its result pipe; safe to use from two threads."""
+    """The rank's end of its socket to the caller; safe to use from several threads
+    (the status thread sends while the main thread waits for a store's answer)."""
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()
+        self.socket = socket.socket(fileno=fd)
+        self.sending, self.asking = threading.Lock(), threading.Lock()
 
     def send(self, message: tuple) -> None:
         frame = _ipc.encode(message)
-        with self.lock:
-            view = memoryview(frame)
-            while view:
-                view = view[os.write(self.fd, view):]
+        with self.sending:
+            self.socket.sendall(frame)
+
+    def ask(self, *request: Any) -> Any:
+        """Send a store request and wait for the caller's answer."""
+        with self.asking:
+            self.send(("store", *request))
+            answer, _ = _ipc.receive_message(self.socket)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
-def child(task: dict, payload: bytes, rank: int, output: int, results: int,
+class CallerStore(dist.Store):
+    """The run's store, kept by the caller (``_client.Store``): each call is one
+    request on the rank's socket.  It has no timeout of its own: the run's timeout
+    is the one that reports a hang."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def set(self, key: str, value: bytes | str) -> None:
+        value = value.encode() if isinstance(value, str) else bytes(value)
+        self.channel.send(("store", "set", key, value))  # not answered
+
+    def get(self, key: str) -> bytes:
+        return self.channel.ask("get", key)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.channel.ask("wait", list(keys))
+
+    def add(self, key: str, amount: int) -> int:
+        return self.channel.ask("add", key, amount)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.channel.ask("check", list(keys))
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self.channel.ask("compare_set", key, bytes(expected), bytes(desired))
+
+    # torch's C++ looks these two up by their C++ names (``store.delete_key`` and
+    # ``store.num_keys`` reach them)
+    def deleteKey(self, key: str) -> bool:
+        return self.channel.ask("delete_key", key)
+
+    def getNumKeys(self) -> int:
+        return self.channel.ask("num_keys")
+
+
+def child(task: dict, payload: bytes, rank: int, output: int, caller: int,
           server: int) -> NoReturn:
     """Become rank ``rank``: capture output, join the group, run the function."""
     _ipc.die_with_parent()
@@ -55,15 +103,16 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
         os._exit(71)
     _ipc.set_name(f"colltutor-r{rank}")
     _capture_output(output)
-    channel = Channel(results)
+    channel = Channel(caller)
     _serve_status_requests(channel)
     store = None
     try:
         _adopt_caller_context(task, rank)
         fn, args, kwargs = cloudpickle.loads(payload)
-        store = _join_group(task, rank)
+        store = _join_group(task, rank, CallerStore(channel))
         with p2p.observe(status.StepWatcher()):
             result = fn(*args, **kwargs)
+            api.synchronize()  # a rank is done once its queued GPU work is
         message = ("ok", cloudpickle.dumps(result))
     except BaseException as exc:
         message = ("error", *_describe(exc))
@@ -80,11 +129,13 @@ def child(task: dict, payload: bytes, rank: int, output: int, results: int,
 
 
 def _describe(exc: BaseException) -> tuple[str, str]:
-    """One summary line and the traceback, without this module's own frame."""
+    """A summary (``MismatchError: ...``, without the module) and the traceback,
+    without this module's own frame."""
     tb = exc.__traceback__
     if tb is not None and tb.tb_frame.f_code is child.__code__ and tb.tb_next:
         tb = tb.tb_next
-    summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    text = str(exc).strip()
+    summary = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return summary, "".join(traceback.format_exception(type(exc), exc, tb))
 
 
@@ -112,7 +163,7 @@ def _serve_status_requests(channel: Channel) -> None:
     def answer() -> None:
         while True:
             signal.sigwait({signal.SIGUSR1})
-            channel.send(("status", status.status_text()))
+            channel.send(("status", status.status_text(), status.collectives()))
 
     threading.Thread(target=answer, name="colltutor-status", daemon=True).start()
 
@@ -130,21 +181,25 @@ def _adopt_caller_context(task: dict, rank: int) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(task["port"]))
+                      GROUP_RANK="0")
     torch.set_num_threads(max(1, task["cores"] // world_size))
 
 
-def _join_group(task: dict, rank: int) -> dist.Store:
+def _join_group(task: dict, rank: int, store: dist.Store) -> dist.Store:
     # The caller's own timeout is the one that reports hangs; torch's is a backstop.
     wait = datetime.timedelta(seconds=task["timeout"] + 30)
-    store = dist.TCPStore("127.0.0.1", task["port"], is_master=False, timeout=wait)
     options: dict[str, Any] = {}
-    if task["backend"] == "nccl":
+    backend = task["backend"]
+    emulate = backend == "nccl" and nccl_rules.requested()
+    if emulate:  # NCCL's rules over gloo (colltutor.transports.nccl_rules)
+        backend = "gloo"
+    elif backend == "nccl":
         torch.cuda.set_device(rank)
         options["device_id"] = torch.device("cuda", rank)
-    dist.init_process_group(task["backend"], store=store, rank=rank,
+    dist.init_process_group(backend, store=store, rank=rank,
                             world_size=task["world_size"], timeout=wait, **options)
+    if emulate:
+        nccl_rules.install()
     return store
 
 

@@ -3,10 +3,10 @@
 ``colltutor.run`` starts this module's :func:`main` in a new Python process the first
 time it is called.  The server imports torch and colltutor, then waits on its control
 socket (a socketpair with the caller) for requests.  A ``run`` request carries the task
-(cloudpickled function, world size, port of the caller's store...) and, as passed file
-descriptors, the write ends of each rank's output and result pipes; the server forks
-one process per rank, which starts with torch already imported (milliseconds instead
-of seconds).
+(cloudpickled function, world size, backend...) and, as passed file descriptors, each
+rank's end of its output pipe and of its socket to the caller (results, and the
+run's store); the server forks one process per rank, which starts with torch already
+imported (milliseconds instead of seconds).
 
 Forking is only safe because the server never runs a torch operation: it has no
 OpenMP or BLAS threads (it is single-threaded: we check it in the tests) and has never
@@ -105,13 +105,13 @@ class Server:
             self.control.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            output, results = fds[2 * rank], fds[2 * rank + 1]
+            output, caller = fds[2 * rank], fds[2 * rank + 1]
             for fd in fds:
-                if fd not in (output, results):
+                if fd not in (output, caller):
                     os.close(fd)
             from colltutor import _rank
 
-            _rank.child(task, payload, rank, output, results, server)
+            _rank.child(task, payload, rank, output, caller, server)
         finally:
             os._exit(70)
 

@@ -15,7 +15,6 @@ import hashlib
 import re
 
 from matplotlib.animation import FuncAnimation
-from matplotlib.figure import Figure
 
 from colltutor import draw
 from colltutor.trace import Trace, run_collective
@@ -23,10 +22,7 @@ from colltutor.trace import Trace, run_collective
 
 def animation(trace: Trace, dpi: int = 72) -> FuncAnimation:
     """A matplotlib animation of ``trace``: one frame per round, then the result."""
-    before = trace.ranks[0].initial if trace.ranks else {}
-    count = max((len(v or []) for v in before.values()), default=0)
-    fig = Figure(figsize=(4 + min(0.45 * count, 8), 0.9 + 0.6 * max(trace.size, 4)),
-                 dpi=dpi, layout="constrained")
+    fig = draw.figure(figsize=draw.frame_size(trace), dpi=dpi, layout="constrained")
 
     def show(k: int) -> list:
         draw.frame(trace, k, fig)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from colltutor import collectives, guards, ops, registry, tuning  # noqa: F401
 from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
+from colltutor.transports import nccl_rules
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
@@ -33,7 +34,7 @@ def algorithms(collective: str) -> list[str]:
     return list(registry.find(collective))
 
 
-_guarded = guards.collective(algorithms)
+_guarded = guards.collective(algorithms, lambda group: in_order(group))
 """Every public collective runs under the agreement guards, which check the call's
 arguments against every other rank's before any message moves."""
 
@@ -50,13 +51,17 @@ def _pick(collective: str, algorithm: str | None, nbytes: int | None, size: int
 
 
 class Work:
-    """What ``async_op=True`` returns: ``wait()`` and ``is_completed()``."""
+    """What ``async_op=True`` returns: ``wait()`` and ``is_completed()``.  As with
+    NCCL, ``wait()`` makes this thread's stream wait for the collective's last
+    messages (on a GPU it does not block for them)."""
 
     def __init__(self, future: concurrent.futures.Future) -> None:
         self._future = future
 
     def wait(self, timeout: Any = None) -> bool:
-        self._future.result()
+        done = self._future.result()
+        if done is not None:
+            done.wait()
         return True
 
     def is_completed(self) -> bool:
@@ -85,6 +90,7 @@ def _worker(group: ProcessGroup) -> concurrent.futures.ThreadPoolExecutor:
 def _set_device(device: int | None) -> None:
     if device is not None:
         torch.cuda.set_device(device)
+    nccl_rules.enter_thread()  # emulated NCCL: this thread follows stream order
 
 
 def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], Any]):
@@ -97,18 +103,53 @@ def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], A
     comm = Comm(group, tag=COLLECTIVE_TAG)
     if comm.rank < 0:  # not a member of the group: nothing to do, as in torch
         return None
-    guards.agree(comm)  # ranks agree on the call before any message moves
-    if async_op:
-        return Work(_worker(group).submit(_reusing_scratch, body, comm))
-    if id(group) in _workers:
-        _workers[id(group)].submit(lambda: None).result()
-    _reusing_scratch(body, comm)
+    settle = guards.prepare(comm)  # this rank's own checks, now
+
+    def job() -> _Done | None:
+        if settle is not None:
+            settle()  # the ranks agree before any of the algorithm's messages
+        with reusing_scratch():
+            body(comm)
+        return _Done() if async_op else None
+
+    if async_op and not (settle is not None and settle.failed):
+        return Work(_worker(group).submit(job))
+    in_order(group)
+    job()  # a rank whose arguments are wrong raises here, after the agreement
     return None
 
 
-def _reusing_scratch(body: Callable[[Comm], Any], comm: Comm) -> None:
-    with reusing_scratch():
-        body(comm)
+class _Done:
+    """Where an asynchronous collective ended on its worker's stream, for the
+    caller's stream to wait on (a CUDA event; the NCCL emulation's groups)."""
+
+    def __init__(self) -> None:
+        self.event = None
+        if torch.cuda.is_initialized():
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.groups = nccl_rules.hand_over()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+        nccl_rules.adopt(self.groups)
+
+
+def in_order(group: ProcessGroup | None) -> None:
+    """Wait for the group's asynchronous collectives, so that what this thread sends
+    next follows them: one thread at a time issues a group's messages, in the order
+    the program asked (NCCL pairs messages by the order they were posted)."""
+    group = group if group is not None else dist.group.WORLD
+    guards.flush(group)  # point-to-point messages posted before this go first
+    _after_async(group)
+
+
+def _after_async(group: ProcessGroup | None) -> None:
+    """Wait until the group's worker has issued every asynchronous collective."""
+    worker = _workers.get(id(group if group is not None else dist.group.WORLD))
+    if worker is not None:
+        worker.submit(lambda: None).result()
 
 
 COLLECTIVE_TAG = 0x3FFF_FFF0
@@ -192,7 +233,10 @@ def isend(tensor: torch.Tensor, dst: int | None = None,
           group_dst: int | None = None) -> Pending:
     """Start sending ``tensor`` to ``dst``; returns a handle with ``wait()``."""
     peer = _group_rank(group, dst, group_dst, "dst")
-    return guards.send(Comm(group, tag=tag), peer, _flat(tensor), tensor.shape)
+    comm = Comm(group, tag=tag)
+    if comm.batched:  # after the group's collectives (NCCL pairs in posting order)
+        _after_async(group)
+    return guards.send(comm, peer, _flat(tensor), tensor.shape)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None,
@@ -200,7 +244,10 @@ def irecv(tensor: torch.Tensor, src: int | None = None,
           group_src: int | None = None) -> Pending:
     """Start receiving into ``tensor`` from ``src``; returns a waitable handle."""
     peer = _group_rank(group, src, group_src, "src")
-    return guards.receive(Comm(group, tag=tag), peer, _flat(tensor))
+    comm = Comm(group, tag=tag)
+    if comm.batched:  # after the group's collectives (NCCL pairs in posting order)
+        _after_async(group)
+    return guards.receive(comm, peer, _flat(tensor))
 
 
 # -- rooted collectives -----------------------------------------------------------
@@ -464,7 +511,20 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False,
     def body(comm: Comm) -> None:
         _pick("barrier", algorithm, 0, comm.size)(comm)
 
-    return _launch(group, async_op, body)
+    work = _launch(group, async_op, body)
+    if not async_op:
+        synchronize()  # NCCL's barrier blocks the host, not only its stream
+    return work
+
+
+def synchronize() -> None:
+    """Block until everything this rank has queued is done and visible to the host:
+    ``torch.cuda.synchronize()`` on NCCL (or its emulation's equivalent); nothing
+    on gloo, whose ``wait()`` already blocks.  Call it before stopping a timer."""
+    if nccl_rules.active():
+        nccl_rules.synchronize()
+    elif torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 # -- argument checks --------------------------------------------------------------

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 from colltutor import registry
+from colltutor.api import synchronize
+from colltutor.runtime import device
 
 COLLECTIVES = tuple(registry.COLLECTIVES)
 FACTORS: dict[str, Callable[[int], float]] = {
@@ -148,9 +150,16 @@ class Case:
 # -- what runs on every rank --------------------------------------------------------
 
 def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
+    t = torch.tensor([seconds], dtype=torch.float64, device=device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def _elapsed(start: float) -> float:
+    """Seconds since ``start``, once everything queued is done (on GPUs, NCCL's
+    ``wait()`` returns before the data has moved)."""
+    synchronize()
+    return time.perf_counter() - start
 
 
 def time_calls(call: Callable[[], None], iters: int, warmup: int) -> float:
@@ -161,7 +170,7 @@ def time_calls(call: Callable[[], None], iters: int, warmup: int) -> float:
     start = time.perf_counter()
     for _ in range(iters):
         call()
-    return _slowest((time.perf_counter() - start) / max(iters, 1))
+    return _slowest(_elapsed(start) / max(iters, 1))
 
 
 def calls_per_block(call: Callable[[], None], seconds: float = 0.05,
@@ -261,7 +270,7 @@ def _median_seconds(call: Callable[[], None], iters: int) -> float:
         start = time.perf_counter()
         call()
         if i:
-            times.append(time.perf_counter() - start)
+            times.append(_elapsed(start))
     return _slowest(sorted(times)[len(times) // 2])
 
 
@@ -281,7 +290,7 @@ def exchange_bandwidth(nbytes: int, iters: int = 5, piece: int | None = None
     On one host every byte is copied by a CPU at both ends, so where the ranks
     share few cores (2 ranks on 2 cores) two directions at once get about half the
     ping-pong's rate each: the ceiling of a ring, whose every step is an exchange
-    (Chapter 9 and ``benchmarks/bench_p2p.py``)."""
+    (the appendix "Measuring on your own machine", ``benchmarks/bench_p2p.py``)."""
     if dist.get_world_size() < 2:
         return float("nan")
     buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
@@ -309,10 +318,21 @@ def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
     return rows
 
 
+def ran(collective: str, algorithm: str, nbytes: int, p: int) -> str:
+    """The algorithm that ran: for ``default``, the tuning table's pick for this
+    message on ``p`` ranks (the public API picks the same), else ``algorithm``."""
+    from colltutor import tuning
+
+    if algorithm != "default":
+        return algorithm
+    return tuning.choose(collective, nbytes, p)
+
+
 def _row(collective: str, algorithm: str, case: Case, seconds: float, bad: int,
          memory: int) -> dict[str, Any]:
     algbw = case.nbytes / seconds / 1e9 if seconds > 0 else 0.0
-    return {"collective": collective, "algorithm": algorithm, "p": case.p,
+    return {"collective": collective, "algorithm": algorithm,
+            "ran": ran(collective, algorithm, case.nbytes, case.p), "p": case.p,
             "bytes": case.nbytes, "count": case.count, "time_us": seconds * 1e6,
             "algbw": algbw, "busbw": algbw * FACTORS[collective](case.p),
             "wrong": bad, "extra_bytes": memory}
@@ -329,8 +349,8 @@ def _rank_p2p(nbytes: int) -> tuple[float, float]:
 
 
 def _rank_checks(collective: str, nbytes: int, options: dict[str, Any]
-                 ) -> dict[str, float]:
-    """The default algorithm with checks on and off, alternating."""
+                 ) -> dict[str, Any]:
+    """The default algorithm with checks on and off, alternating; which it was."""
     from colltutor import guards
 
     case = Case(collective, nbytes, getattr(torch, options["dtype"]),
@@ -342,21 +362,28 @@ def _rank_checks(collective: str, nbytes: int, options: dict[str, Any]
             times[flag].append(time_calls(lambda: case.call("default"),
                                           options["iters"], 2))
     guards.set_checks(False)
-    return {("on" if k else "off"): sorted(v)[len(v) // 2] for k, v in times.items()}
+    medians = {("on" if k else "off"): sorted(v)[len(v) // 2]
+               for k, v in times.items()}
+    return {**medians, "ran": ran(collective, "default", case.nbytes, case.p)}
 
 
 # -- the command --------------------------------------------------------------------
 
-HEADER = (f"{'collective':<14} {'algorithm':<22} {'bytes':>10} {'count':>9} "
+HEADER = (f"{'collective':<14} {'algorithm':<28} {'bytes':>10} {'count':>9} "
           f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'%p2p':>5} {'#wrong':>6} "
           f"{'mem(x)':>6}")
 
 
 def format_row(row: dict[str, Any], p2p: float) -> str:
+    """One line of the table; ``default`` rows name the algorithm that ran,
+    ``ring (default)``."""
     share = row["busbw"] * 1e9 / p2p * 100 if p2p == p2p and p2p > 0 else float("nan")
     mem = row["extra_bytes"] / row["bytes"] if row["bytes"] and \
         row["extra_bytes"] >= 0 else float("nan")
-    return (f"{row['collective']:<14} {row['algorithm']:<22} {row['bytes']:>10} "
+    name = row["algorithm"]
+    if name == "default":
+        name = f"{row['ran']} (default)"
+    return (f"{row['collective']:<14} {name:<28} {row['bytes']:>10} "
             f"{row['count']:>9} {row['time_us']:>10.1f} {row['algbw']:>7.3f} "
             f"{row['busbw']:>7.3f} {share:>5.0f} {row['wrong']:>6} {mem:>6.2f}")
 
@@ -453,7 +480,7 @@ def _rank_fit(repeat: int = 15) -> tuple[list, list]:
             dist.barrier()
             start = time.perf_counter()
             pingpong(buf)
-            times.append((time.perf_counter() - start) / 2)
+            times.append(_elapsed(start) / 2)
         oneway.append((nbytes, min(times)))
         adds = []
         for _ in range(repeat):
@@ -511,34 +538,72 @@ def fit(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = """\
+Time colltutor's collectives the way nccl-tests times NCCL's: one row per message
+size with the time of one call (the slowest rank's mean), algbw, busbw, busbw as a
+share of the point-to-point bandwidth measured in the same run (%p2p), #wrong
+(elements that differ from torch.distributed's result) and the extra memory a call
+needed at its peak (mem(x), a multiple of the message size).  Checks are off while
+timing.  With --fit it fits the alpha-beta-gamma model on this machine instead and
+re-derives the table of default algorithms (Chapter 9)."""
+
+EXAMPLES = """\
+examples:
+  python -m colltutor bench -c all_reduce -a all -n 2 -b 1K -e 64M -f 4
+  python -m colltutor bench -c all -a native -n 4 --csv out.csv --plot busbw.png
+  python -m colltutor bench --fit -n 4 --write tuning.json --plot model.png"""
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m colltutor bench",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m colltutor bench", description=DESCRIPTION, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--collective", default="all_reduce",
-                    help=f"one of {', '.join(COLLECTIVES)}, or all")
+                    help=f"one of {', '.join(COLLECTIVES)}, or all "
+                    "(default: %(default)s)")
     ap.add_argument("-a", "--algorithm", default="default",
-                    help="an algorithm name, default, native (torch's), or all")
-    ap.add_argument("-n", "--world-size", type=int, default=2)
-    ap.add_argument("-b", "--begin", default="1K", help="smallest size (e.g. 1K)")
-    ap.add_argument("-e", "--end", default="16M", help="largest size (e.g. 64M)")
-    ap.add_argument("-f", "--factor", type=float, default=2.0)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--op", default="sum", help="sum, product, min, max, avg, ...")
-    ap.add_argument("--backend", default="gloo")
+                    help="default (the tuning table's pick for each size, which "
+                    "the table names; the default), an algorithm's name, native "
+                    "(torch's own) or all")
+    ap.add_argument("-n", "--world-size", type=int, default=2,
+                    help="ranks to start (default: %(default)s)")
+    ap.add_argument("-b", "--begin", default="1K",
+                    help="smallest message size, e.g. 512, 1K, 4M (default: "
+                    "%(default)s)")
+    ap.add_argument("-e", "--end", default="16M",
+                    help="largest message size (default: %(default)s)")
+    ap.add_argument("-f", "--factor", type=float, default=2.0,
+                    help="each size is the previous one times this (default: "
+                    "%(default)s)")
+    ap.add_argument("--iters", type=int, default=20,
+                    help="timed calls per size and algorithm (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed calls before them (default: %(default)s)")
+    ap.add_argument("--dtype", default="float32",
+                    help="element type, a torch dtype's name (default: %(default)s)")
+    ap.add_argument("--op", default="sum",
+                    help="reduction: sum, product, min, max, avg, band, bor, bxor "
+                    "(default: %(default)s)")
+    ap.add_argument("--backend", default="gloo",
+                    help="gloo (CPU) or nccl (one GPU per rank) (default: "
+                    "%(default)s)")
     ap.add_argument("--csv", help="also write the rows to this CSV file")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--plot", help="PNG of busbw against size (with --fit: the "
                     "model's prediction against measured time)")
-    ap.add_argument("--no-check", action="store_true", help="skip #wrong")
-    ap.add_argument("--no-memory", action="store_true", help="skip peak memory")
+    ap.add_argument("--no-check", action="store_true",
+                    help="do not compare results with torch's (#wrong shows 0)")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="do not measure peak memory (mem(x) shows nan)")
     ap.add_argument("--checks", action="store_true",
-                    help="also time the default algorithm with checks on and off")
+                    help="also time the default algorithm with colltutor's checks "
+                    "on and off")
     ap.add_argument("--fit", action="store_true",
-                    help="fit alpha/beta/gamma here and re-derive tuning.DEFAULTS")
-    ap.add_argument("--write", help="with --fit: save the table as JSON here (tuning "
-                    "reads $COLLTUTOR_TUNING or ~/.config/colltutor/tuning.json)")
+                    help="fit alpha, beta and gamma here and re-derive the default "
+                    "algorithms")
+    ap.add_argument("--write", help="with --fit: save the derived table as JSON "
+                    "here (tuning reads $COLLTUTOR_TUNING or "
+                    "~/.config/colltutor/tuning.json)")
     return ap
 
 
@@ -590,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
             n = 0 if c == "barrier" else grid[0]
             t = colltutor.run(_rank_checks, args.world_size, c, n, options,
                               backend=args.backend, timeout=None)[0]
-            print(f"# checks on {c} {human(n)}: off {t['off'] * 1e6:.1f} us, on "
+            print(f"# checks on {c} {human(n)} ({t['ran']}): off "
+                  f"{t['off'] * 1e6:.1f} us, on "
                   f"{t['on'] * 1e6:.1f} us (+{(t['on'] - t['off']) * 1e6:.1f} us)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

@@ -162,7 +162,7 @@ import colltutor
 from colltutor import ops
 from colltutor.p2p import Comm, blocks
 
-backend = colltutor.run(lambda: dist.get_backend(), 2)[0]
+backend = colltutor.run(lambda: dist.get_backend(), 2, backend="gloo")[0]
 print(f"colltutor.check runs every rank on the CPU with {backend}")'''
 
 

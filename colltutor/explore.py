@@ -34,8 +34,9 @@ LIVE_NOTE = ("This is a static picture of the colltutor explorer. In Jupyter it 
              "round, and watch the algorithm run for real.")
 
 
-def png(fig: Figure, dpi: int = 80) -> bytes:
-    """``fig`` as PNG bytes (no pyplot, no display needed)."""
+def png(fig: Figure, dpi: int = 72) -> bytes:
+    """``fig`` as PNG bytes (no pyplot, no display needed); at 72 dpi a picture
+    as wide as the book's column is shown at its own size there."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
@@ -105,7 +106,7 @@ def explorer(collective: str = "all_reduce", algorithm: str | None = None,
 
 def static_png(collective: str = "all_reduce", algorithm: str | None = None,
                world_size: int = 4, count: int | None = None, step: int = 0,
-               view: str = "round by round", dpi: int = 80) -> bytes:
+               view: str = "round by round", dpi: int = 72) -> bytes:
     """One setting of the explorer rendered as a PNG (for pages without a kernel)."""
     trace = run_collective(collective, world_size, algorithm, count=count)
     return png(VIEWS[view](trace, min(step, trace.rounds)), dpi)
@@ -113,7 +114,7 @@ def static_png(collective: str = "all_reduce", algorithm: str | None = None,
 
 def static_html(collective: str = "all_reduce", algorithm: str | None = None,
                 world_size: int = 4, count: int | None = None, step: int = 0,
-                view: str = "round by round", dpi: int = 80) -> str:
+                view: str = "round by round", dpi: int = 72) -> str:
     """:func:`static_png` inline in an HTML snippet, with the note that the
     explorer is live in Jupyter.  Self-contained: the image is a ``data:`` URI."""
     data = base64.b64encode(static_png(collective, algorithm, world_size, count,

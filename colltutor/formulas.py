@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from colltutor.p2p import block_sizes
 from colltutor.registry import PerRank
 
 # -- MPICH's fold: which ranks run the recursive part (Chapter 6) -------------------
@@ -170,3 +171,27 @@ def then(*parts: PerRank) -> PerRank:
     per = [tuple(map(sum, zip(*cols, strict=True)))
            for cols in zip(*(part[1] for part in parts), strict=True)]
     return rounds, per  # type: ignore[return-value]
+
+
+# -- rings over blocks of any sizes (Chapter 11's compositions) ----------------------
+
+def ring_sent(sizes: list[int], r: int, gather: bool) -> tuple[int, int]:
+    """``(messages, size)`` that rank ``r`` sends in one ring over ``len(sizes)`` ranks
+    whose blocks have these sizes: a reduce-scatter sends every block but its own, an
+    all-gather every block but its right neighbour's; an empty block is no message."""
+    skip = (r + 1) % len(sizes) if gather else r
+    sent = [size for i, size in enumerate(sizes) if i != skip and size]
+    return len(sent), sum(sent)
+
+
+def ring_columns(p: int, n: int, s: int, columns: int, gather: bool) -> PerRank:
+    """``columns`` rings at once, ring j over piece j of every block (one exchange a
+    step): p-1 rounds; a rank sends what :func:`ring_sent` says, column by column."""
+    pieces = [block_sizes(size, columns) for size in block_sizes(n, p)]
+
+    def rank(r: int) -> tuple[int, int]:
+        sent = [ring_sent([piece[j] * s for piece in pieces], r, gather)
+                for j in range(columns)]
+        return sum(m for m, _ in sent), sum(size for _, size in sent)
+
+    return p - 1, [rank(r) for r in range(p)]

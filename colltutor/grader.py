@@ -292,20 +292,11 @@ def _call(fn: Callable, collective: str, case: Case, comm: p2p.Comm, data: dict
                    for t in data["want"]]
         fn(comm, outputs, [t.clone() for t in data["inputs"]])
         return outputs, data["want"]
-    mine = data["mine"]
+    mine, described = data["mine"], registry.COLLECTIVES[collective]
     op = None if case.op is None else getattr(ops.ReduceOp, case.op)
-    empty = torch.full_like(mine, _SENTINEL)
-    if collective in ("gather", "all_gather"):
-        buf = empty.clone()
-        p2p.blocks(buf, p)[rank].copy_(p2p.blocks(mine, p)[rank])
-    elif collective in ("broadcast", "scatter") and rank != case.root:
-        buf = empty
-    else:
-        buf = mine.clone()
-    args = {"broadcast": (case.root,), "reduce": (op, case.root), "all_reduce": (op,),
-            "gather": (case.root,), "scatter": (case.root,), "all_gather": (),
-            "reduce_scatter": (op,)}[collective]
-    fn(comm, buf, *args)
+    buf = described.prepare(mine, torch.full_like(mine, _SENTINEL), rank, p,
+                            case.root)
+    fn(comm, *described.arguments(buf, case.root, op))
     if collective in ("scatter", "reduce_scatter"):
         return p2p.blocks(buf, p)[rank], data["want"]
     return buf, data["want"]
@@ -642,7 +633,7 @@ def _explain(fn: Callable, collective: str, f: dict) -> str:
             text += "\n" + f["where"]
     elif kind == "deadlock":
         lines = [f"rank {r}: {s}" for r, s in sorted(f["blocked"].items())]
-        waiting = any(s.startswith("blocked in") for s in f["blocked"].values())
+        waiting = any("blocked in" in s for s in f["blocked"].values())
         what = "a deadlock. Where each rank was blocked" if waiting else \
             "no rank was waiting for a message. Where each rank was"
         text = head + f"{f['timeout']}: {what}:\n    " + "\n    ".join(lines)

@@ -112,16 +112,20 @@ _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 )
 
 
-def collective(algorithms: Callable[[str], list[str]]
+def collective(algorithms: Callable[[str], list[str]],
+               in_order: Callable[[Any], None] = lambda group: None
                ) -> Callable[[Callable], Callable]:
     """A decorator for public collectives: their ranks agree before any message moves.
 
     The call is remembered while the collective runs; its launch calls
     :func:`agree`.  If it rejects its arguments before that, this rank still takes
     part in the agreement, flagged as wrong, so the other ranks raise too instead of
-    hanging.  ``algorithms(kind)`` lists the names ``algorithm=`` may take.
+    hanging.  ``algorithms(kind)`` lists the names ``algorithm=`` may take;
+    ``in_order(group)`` waits for the group's collectives still running, before
+    this rank's agreement goes out on its own.
     """
     def decorate(fn: Callable) -> Callable:
+        fn = status.tracked(fn)  # a hang report names the collective and its call
         parameters = inspect.signature(fn).parameters
         names = list(parameters)
         defaults = {name: p.default for name, p in parameters.items()}
@@ -140,7 +144,7 @@ def collective(algorithms: Callable[[str], list[str]]
             except Exception as error:
                 if not call.agreed:
                     call.error = error
-                    _fail_together(call)
+                    _fail_together(call, in_order)
                 raise
             finally:
                 _current.reset(token)
@@ -150,27 +154,57 @@ def collective(algorithms: Callable[[str], list[str]]
     return decorate
 
 
-def _fail_together(call: _Call) -> None:
+def _fail_together(call: _Call, in_order: Callable[[Any], None]) -> None:
     """Take part in the agreement with this rank's argument error; the caller then
     re-raises it."""
     try:
         comm = Comm(call.arguments.get("group"))
         if comm.rank >= 0:  # a rank outside the group has nobody to agree with
+            in_order(call.arguments.get("group"))
             agree(comm)
     except Exception:  # a bad group, or the agreement itself: the first error wins
         pass
 
 
 def agree(comm: Comm) -> None:
-    """Check the current call locally, then make the ranks agree on it or all raise.
+    """Check the current call locally, then make the ranks agree on it or all raise
+    (:func:`prepare` then its result, on the calling thread)."""
+    settle = prepare(comm)
+    if settle is not None:
+        settle()
 
-    Called by the public API's launch with the collective's :class:`Comm`, before
-    the algorithm sends anything.  Does nothing when checks are off or outside a
-    public collective.
-    """
+
+class Agreement:
+    """The ranks' agreement on one call, ready to run: calling it exchanges the
+    fingerprints and raises on every rank if they differ.  ``failed``: this rank's
+    own arguments were wrong (its error is raised after the exchange)."""
+
+    def __init__(self, call: _Call, comm: Comm, row: list[int]) -> None:
+        self.call, self.comm, self.row = call, comm, row
+        self.failed = call.error is not None
+
+    def __call__(self) -> None:
+        call, comm = self.call, self.comm
+        if comm.size == 1:  # nobody to disagree with
+            if call.error is not None:
+                raise call.error
+            return
+        table = _all_gather_rows(comm, self.row)
+        if any(fields[2] for fields in table):
+            _raise_argument_errors(call, comm, table)
+        problem = _compare(call, comm, table)
+        if problem:
+            raise MismatchError(problem)
+
+
+def prepare(comm: Comm) -> Agreement | None:
+    """Check the current call on this rank alone, now, and return the agreement to
+    run where the collective's messages are issued (the public API's launch runs it
+    on the thread that runs the algorithm, so that the group's messages go out in
+    one order).  None when checks are off or outside a public collective."""
     call = _current.get()
     if call is None or call.agreed or not enabled():
-        return
+        return None
     call.agreed = True
     try:
         if call.error is None:
@@ -179,16 +213,7 @@ def agree(comm: Comm) -> None:
     except (TypeError, ValueError, IndexError) as error:
         call.error = error
         row = _fingerprint(call, comm)
-    if comm.size == 1:  # nobody to disagree with
-        if call.error is not None:
-            raise call.error
-        return
-    table = _all_gather_rows(comm, row)
-    if any(fields[2] for fields in table):
-        _raise_argument_errors(call, comm, table)
-    problem = _compare(call, comm, table)
-    if problem:
-        raise MismatchError(problem)
+    return Agreement(call, comm, row)
 
 
 def _fingerprint(call: _Call, comm: Comm) -> list[int]:
@@ -344,8 +369,8 @@ def _raise_argument_errors(call: _Call, comm: Comm, table: list[list[int]]
              for r in wrong]
     who = _ranks([comm.global_ranks[r] for r in wrong])
     raise PeerArgumentError(
-        f"{call.name}: {who} passed bad arguments, so rank "
-        f"{comm.global_ranks[comm.rank]} stops too:\n  " + "\n  ".join(lines)
+        f"{call.name}: {who} passed bad arguments, so the other ranks stop "
+        "too:\n  " + "\n  ".join(lines)
     )
 
 
@@ -429,6 +454,12 @@ def _header_comm(comm: Comm) -> Comm:
 def send(comm: Comm, peer: int, flat: torch.Tensor,
          shape: torch.Size | None = None) -> Pending:
     """Post a send of ``flat`` to ``peer``: with checks, a header then the payload."""
+    if comm.batched:
+        if enabled():
+            check_device(flat, comm.backend)
+        header = _header(flat, flat.shape if shape is None else shape)
+        return _batch(comm).add(sends=[(peer, header.to(comm.device))] * enabled()
+                                + [(peer, flat)])
     if not enabled():
         return comm.post(sends=[(peer, flat)])
     check_device(flat, comm.backend)
@@ -455,10 +486,19 @@ class _Both:
 def receive(comm: Comm, peer: int, flat: torch.Tensor):
     """Post a receive into ``flat`` from ``peer``; with checks, compare the header.
 
-    The header's receive is posted now; a helper thread per ``(group, peer, tag)``
-    waits for it and then posts the payload's receive, in the order the program
-    asked, so that ``irecv`` then a blocking ``send`` works as it does natively.
+    On gloo the header's receive is posted now; a helper thread per ``(group, peer,
+    tag)`` waits for it and then posts the payload's receive, in the order the
+    program asked, so that ``irecv`` then a blocking ``send`` works as it does
+    natively, and a mismatch never reaches gloo (which would abort).  On NCCL,
+    header and payload join the group's open batch of messages.
     """
+    if comm.batched:
+        if enabled():
+            check_device(flat, comm.backend)
+        header = torch.empty(_HEADER, dtype=torch.int64, device=comm.device)
+        checked = [(peer, header)] * enabled()
+        return _batch(comm).add(recvs=checked + [(peer, flat)],
+                                check=(peer, flat, header) if checked else None)
     if not enabled():
         return comm.post(recvs=[(peer, flat)])
     check_device(flat, comm.backend)
@@ -486,22 +526,13 @@ def _finish(comm: Comm, peer: int, flat: torch.Tensor, posted: Pending | None,
     if posted is not None:
         posted.wait()
     fields = header.tolist()
-    if fields[0] != _MAGIC:
-        raise MismatchError(
-            f"rank {comm.global_ranks[comm.rank]} received a message without a "
-            f"colltutor header from rank {comm.global_ranks[peer]} (are checks off "
-            "on the sender?)"
-        )
-    if fields[1:3] == [_dtype_id(flat.dtype), flat.numel()]:
+    if fields[0] == _MAGIC and fields[1:3] == [_dtype_id(flat.dtype), flat.numel()]:
         comm.post(recvs=[(peer, flat)]).wait()
         return
-    scratch = torch.empty(fields[2], dtype=_DTYPES[fields[1]], device=flat.device)
-    comm.post(recvs=[(peer, scratch)]).wait()  # drain, so the sender finishes
-    mine = f"{flat.numel()} x {str(flat.dtype).removeprefix('torch.')}"
-    raise MismatchError(
-        f"rank {comm.global_ranks[comm.rank]} expected {mine} from rank "
-        f"{comm.global_ranks[peer]}, which sent {_describe_header(fields)}"
-    )
+    if fields[0] == _MAGIC:  # drain the payload, so the sender finishes
+        scratch = torch.empty(fields[2], dtype=_DTYPES[fields[1]], device=flat.device)
+        comm.post(recvs=[(peer, scratch)]).wait()
+    _check_header(comm, peer, flat, fields)
 
 
 class _Handle:
@@ -545,3 +576,85 @@ class _Receiver:
 
 
 _receivers: dict[tuple[int, int, int], _Receiver] = {}
+
+
+class _Batch:
+    """The point-to-point messages a rank posted on a group since its last wait, on
+    a transport that needs them in one group (NCCL): they go out together when any
+    of them is waited for, or before the group's next collective, so that "irecv
+    and isend, then wait" works as it does with ``batch_isend_irecv``.  A message's
+    header travels in the same group as its payload, and is checked after both
+    arrive (a mismatch in bytes cannot be caught earlier on NCCL)."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm, self.sends, self.recvs = comm, [], []
+        self.checks: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.posted: Pending | None = None
+
+    def add(self, sends: list = (), recvs: list = (), check: tuple | None = None
+            ) -> _InBatch:
+        self.sends += sends
+        self.recvs += recvs
+        if check is not None:
+            self.checks.append(check)
+        return _InBatch(self)
+
+    def post(self) -> None:
+        if self.posted is None:
+            _batches.pop(id(self.comm.group), None)
+            self.posted = self.comm.post(self.sends, self.recvs)
+
+    def wait(self) -> None:
+        self.post()
+        self.posted.wait()
+        for peer, flat, header in self.checks:
+            _check_header(self.comm, peer, flat, header.tolist())
+
+
+class _InBatch:
+    """What ``isend``/``irecv`` return on NCCL: ``wait()`` sends the open batch."""
+
+    def __init__(self, batch: _Batch) -> None:
+        self.batch = batch
+
+    def wait(self) -> bool:
+        self.batch.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.batch.posted is not None and self.batch.posted.is_completed()
+
+
+_batches: dict[int, _Batch] = {}
+
+
+def _batch(comm: Comm) -> _Batch:
+    key = id(comm.group)
+    if key not in _batches:
+        _batches[key] = _Batch(comm)
+    return _batches[key]
+
+
+def flush(group: Any) -> None:
+    """Post the group's open batch of point-to-point messages (before anything else
+    the group sends: NCCL pairs messages in the order they were posted)."""
+    batch = _batches.get(id(group))
+    if batch is not None:
+        batch.post()
+
+
+def _check_header(comm: Comm, peer: int, flat: torch.Tensor, fields: list[int]
+                  ) -> None:
+    """Raise the mismatch that a header shows, if any."""
+    if fields[0] != _MAGIC:
+        raise MismatchError(
+            f"rank {comm.global_ranks[comm.rank]} received a message without a "
+            f"colltutor header from rank {comm.global_ranks[peer]} (are checks off "
+            "on the sender?)"
+        )
+    if fields[1:3] != [_dtype_id(flat.dtype), flat.numel()]:
+        mine = f"{flat.numel()} x {str(flat.dtype).removeprefix('torch.')}"
+        raise MismatchError(
+            f"rank {comm.global_ranks[comm.rank]} expected {mine} from rank "
+            f"{comm.global_ranks[peer]}, which sent {_describe_header(fields)}"
+        )

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from colltutor import ops
-from colltutor.transports import Message, Transport
+from colltutor.transports import Message, Transport, nccl_rules
+from colltutor.transports.nccl_rules import NcclRulesTransport
 from colltutor.transports.torch_dist import TorchTransport
 
 
@@ -84,11 +85,18 @@ class Pending:
                 raise PeerLostError(self.comm, self.step, self.phase, peers,
                                     error) from error
         self.done = True
+        if not all(work.is_completed() for work in self.works):
+            # NCCL: wait() only ordered the stream; the step is done when it is
+            self.comm._unfinished.append(self)
+            return
+        self._completed()
+
+    def _completed(self) -> None:
         for observer in self.comm.observers:
             observer.completed(self.comm, self.sends, self.recvs)
 
     def is_completed(self) -> bool:
-        return self.done or all(work.is_completed() for work in self.works)
+        return all(work.is_completed() for work in self.works)
 
 
 class PeerLostError(RuntimeError):
@@ -176,7 +184,8 @@ class Comm:
         if transport is None:
             self.group = group if group is not None else dist.group.WORLD
             rank, size, backend, ranks = membership(self.group)
-            transport = TorchTransport(self.group, rank, ranks, backend, tag)
+            kind = NcclRulesTransport if nccl_rules.active() else TorchTransport
+            transport = kind(self.group, rank, ranks, backend, tag)
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.global_ranks, self.device = transport.names, transport.device
@@ -186,6 +195,7 @@ class Comm:
         self.segment_bytes: int | None = None  # None: SEGMENT_BYTES
         self.phases: list[str] = []
         self._steps = [0]  # shared with this comm's views, so steps number on
+        self._unfinished: list[Pending] = []  # waited for, still running (NCCL)
         self.observers = _observers.get()
 
     @property
@@ -222,9 +232,13 @@ class Comm:
         """One contiguous view of blocks ``lo .. hi-1`` of :meth:`blocks`."""
         if self.cut is None:
             return span(buf, self.size, lo, hi)
-        parts = self.blocks(buf)
-        start = parts[lo].storage_offset() - buf.storage_offset() if hi > lo else 0
-        return buf.narrow(0, start, sum(t.numel() for t in parts[lo:hi]))
+        parts = self.blocks(buf)[lo:hi]
+        start = parts[0].storage_offset() - buf.storage_offset() if parts else 0
+        for before, after in zip(parts, parts[1:]):
+            if before.storage_offset() + before.numel() != after.storage_offset():
+                raise ValueError("these blocks are not one contiguous span (a column "
+                                 "view's blocks are pieces of separate blocks)")
+        return buf.narrow(0, start, sum(t.numel() for t in parts))
 
     def view(self, peers: list[int], owns: list[int]) -> Comm:
         """The group seen as ``len(peers)`` ranks: view rank ``v`` is rank
@@ -256,6 +270,8 @@ class Comm:
         """Start one step: post every receive and send, return without waiting."""
         sends, recvs = self._kept(sends), self._kept(recvs)
         self._steps[0] += 1
+        while self._unfinished and self._unfinished[0].is_completed():
+            self._unfinished.pop(0)._completed()
         for observer in self.observers:
             observer.posted(self, sends, recvs)
         try:
@@ -409,7 +425,7 @@ def _kept_buffer(buffers: dict, key: object, numel: int, like: torch.Tensor
 def place_threads(pid: int, rank: int, world_size: int) -> None:
     """Put every rank's posting thread on one half of the CPUs and gloo's I/O
     threads on the other half, when the ranks have fewer cores than two busy
-    threads each (Chapter 9, "Against native gloo").
+    threads each (the appendix "Measuring on your own machine").
 
     A rank's posting thread and gloo's I/O thread both take a connection's lock:
     the one to post a message, the other to read or write the socket.  On a small

@@ -17,6 +17,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 PerRank = tuple[int, list[tuple[int, int]]]
 """``(rounds, [(messages, bytes) sent by rank r for r in range(p)])``."""
 
@@ -43,6 +45,29 @@ class Collective:
     itemsize: int | None = None
     """Bytes per element of its messages when they do not follow the data's
     (barrier's one-byte tokens)."""
+    gathers: bool = False
+    """Each rank starts with only its own block of the buffer valid."""
+
+    def prepare(self, mine: torch.Tensor, empty: torch.Tensor, rank: int, p: int,
+                root: int = 0) -> torch.Tensor:
+        """The buffer an algorithm starts from, made of this rank's data ``mine``
+        and an ``empty`` buffer of the same size (not for all-to-all or barrier):
+        its own block of ``mine`` for a gather, the root's data for a broadcast or
+        scatter (others start empty), its data for a reduction."""
+        if self.gathers:
+            buf = empty.clone()
+            buf.tensor_split(p)[rank].copy_(mine.tensor_split(p)[rank])
+            return buf
+        if self.rooted and not self.reducing and rank != root:
+            return empty.clone()
+        return mine.clone()
+
+    def arguments(self, buf: torch.Tensor, root: int = 0, op: object = None
+                  ) -> tuple:
+        """What follows ``comm`` in a call of one of its algorithms (the contract):
+        ``(buf, root)``, ``(buf, op, root)``, ``(buf, op)`` or ``(buf,)``."""
+        return ((buf,) + ((op,) if self.reducing else ())
+                + ((root,) if self.rooted else ()))
 
 
 @dataclass(frozen=True)
@@ -67,9 +92,10 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("scatter", "fn(comm, buf, root): root's buf holds p blocks; on exit "
                "every rank's own block equals root's block for it", 4, rooted=True),
     Collective("gather", "fn(comm, buf, root): buf holds p blocks, own block valid; "
-               "on exit root's buf holds every rank's own block", 4, rooted=True),
+               "on exit root's buf holds every rank's own block", 4, rooted=True,
+               gathers=True),
     Collective("all_gather", "fn(comm, buf): own block valid on entry; every block "
-               "valid on exit", 5),
+               "valid on exit", 5, gathers=True),
     Collective("reduce_scatter", "fn(comm, buf, op): own block of buf ends as that "
                "block reduced over every rank", 5, reducing=True),
     Collective("all_reduce", "fn(comm, buf, op): every buf = op over every buf", 6,

@@ -15,10 +15,12 @@ Three places a learner starts ranks, one rank function for all of them:
 What a rank prints (file descriptors 1 and 2, so C++ output too) is shown after the
 run in rank order, each line prefixed ``[rank r]``, or live with ``stream=True``.  The
 first exception on any rank stops every rank at once and is raised in the caller as
-one :class:`RankError` carrying the remote traceback; a rank that dies mid-run does
-the same; a run that outlives ``timeout`` raises :class:`RankTimeoutError` naming the
-ranks that did not finish and what each was blocked on (see
-:func:`colltutor.status.report_status`).
+one :class:`RankError` that names the error and shows its remote traceback once,
+however many ranks raised it; a rank that dies mid-run does the same; a run that
+outlives ``timeout`` raises :class:`RankTimeoutError` naming the ranks that did not
+finish, the collective and step each was in, and the ranks that had already
+returned from it (see :mod:`colltutor.status`).  The ranks find each other through
+a store the caller keeps (``_client.Store``): no port, no name lookup.
 No rank process, zombie, port or shared-memory segment outlives a run.
 """
 
@@ -41,32 +43,58 @@ if TYPE_CHECKING:
 
 
 class RankError(RuntimeError):
-    """One or more ranks failed; ``failures`` maps rank -> remote traceback text."""
+    """One or more ranks failed; ``failures`` maps rank -> remote traceback text.
+
+    Ranks that failed with the same error are told once: the headline names the
+    error and one traceback follows, the other ranks summarised as ``same on ranks
+    1-3``.  Different errors are each named; errors that a rank raised because of
+    another rank's (its bad arguments, a lost peer) come last, without their
+    tracebacks when the cause is shown."""
 
     def __init__(self, failures: dict[int, str], world_size: int,
                  summaries: dict[int, str] | None = None) -> None:
         self.failures = dict(sorted(failures.items()))
         self.world_size = world_size
-        summaries = summaries or {}
-        ranks = ", ".join(map(str, self.failures))
-        plural = "s" if len(self.failures) > 1 else ""
-        head = f"rank{plural} {ranks} of {world_size} failed"
-        if len(self.failures) == 1:
-            (rank,) = self.failures
-            head += f": {summaries[rank]}" if rank in summaries else ""
-        parts = [head]
+        self.summaries = summaries or {}
+        groups: dict[str, list[int]] = {}  # error -> ranks that raised it
         for rank, text in self.failures.items():
-            parts.append(f"\n--- rank {rank} ---\n{text.rstrip()}")
+            groups.setdefault(self.summaries.get(rank, text), []).append(rank)
+        elsewhere = {e: e.startswith(_client.CAUSED_ELSEWHERE) for e in groups}
+        order = sorted(groups.items(), key=lambda group: elsewhere[group[0]])
+        head = f"{_ranks(list(self.failures))} of {world_size} failed"
+        if len(groups) == 1:
+            head += f": {order[0][0]}" if self.summaries else ""
+        else:
+            head += f" with {len(groups)} different errors:" + "".join(
+                f"\n  {_ranks(ranks)}: " + error.replace("\n", "\n    ")
+                for error, ranks in order)
+        parts, cause_shown = [head], not elsewhere[order[0][0]]
+        for error, (first, *others) in order:
+            if cause_shown and elsewhere[error]:
+                parts.append(f"\n--- {_ranks([first, *others])}: stopped because of "
+                             f"another rank (tracebacks in RankError.failures) ---")
+                continue
+            same = f" (same on {_ranks(others)})" if others else ""
+            parts.append(f"\n--- rank {first}{same} ---\n"
+                         f"{self.failures[first].rstrip()}")
         super().__init__("".join(parts))
 
 
 class RankTimeoutError(TimeoutError):
-    """The run did not finish within ``timeout`` s; ``pending`` lists those ranks."""
+    """The run did not finish within ``timeout`` s; ``pending`` lists those ranks.
+
+    Each unfinished rank's line names the collective it is in (``in all_reduce
+    (call #1)``) and the step it waits for; then, for each such call, which ranks
+    are in it, had already returned from it or never reached it.
+    ``collectives`` maps every rank that answered to
+    :func:`colltutor.status.collectives`."""
 
     def __init__(self, pending: list[int], timeout: float, world_size: int,
-                 statuses: dict[int, str] | None = None) -> None:
+                 statuses: dict[int, str] | None = None,
+                 collectives: dict[int, tuple] | None = None) -> None:
         self.pending = pending
         self.statuses = statuses or {}
+        self.collectives = collectives or {}
         ranks = ", ".join(map(str, pending))
         lines = [
             f"timed out after {timeout:g} s: rank(s) {ranks} of {world_size} did not "
@@ -74,7 +102,46 @@ class RankTimeoutError(TimeoutError):
         ]
         for rank in pending:
             lines.append(f"  rank {rank}: {self.statuses.get(rank, 'no status')}")
+        calls = dict.fromkeys(call for rank in pending  # each call once, in order
+                              for call in self.collectives.get(rank, ([], {}))[0])
+        lines += [self._where_ranks_are(call, world_size) for call in calls]
         super().__init__("\n".join(lines))
+
+    def _where_ranks_are(self, call: tuple[str, int], world_size: int) -> str:
+        """``  all_reduce call #1: ranks 0, 1 are in it; rank 2 had already returned
+        from it; rank 3 had returned from the run's function after 0 all_reduce
+        calls``."""
+        name, number = call
+        where: dict[str, list[int]] = {}
+        for rank in range(world_size):
+            if rank not in self.collectives:
+                where.setdefault("did not answer", []).append(rank)
+                continue
+            inside, returned = self.collectives[rank]
+            made = returned.get(name, 0)
+            calls = f"{made} {name} call{'' if made == 1 else 's'}"
+            if call in inside:
+                what = "{are} in it"
+            elif made >= number:
+                what = "had already returned from it"
+            elif rank in self.pending:
+                what = f"{{have}} not called it yet ({calls} so far)"
+            else:
+                what = f"had returned from the run's function after {calls}"
+            where.setdefault(what, []).append(rank)
+        return f"  {name} call #{number}: " + "; ".join(
+            f"{_ranks(ranks)} " + what.format(are="is" if len(ranks) == 1 else "are",
+                                              have="has" if len(ranks) == 1 else "have")
+            for what, ranks in where.items())
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 2``, ``ranks 0, 2``, ``ranks 0-3`` (a run of three or more)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def shutdown() -> None:
@@ -97,8 +164,11 @@ def _choose_backend(backend: str, world_size: int) -> str:
         return backend
     import torch
 
+    from colltutor.transports import nccl_rules
+
     # device_count() asks NVML and does not initialise CUDA in this process.
-    return "nccl" if torch.cuda.device_count() >= world_size else "gloo"
+    gpus = torch.cuda.device_count() >= world_size
+    return "nccl" if gpus or nccl_rules.requested() else "gloo"
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -123,7 +193,8 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
         ended = _client.Run(server, world_size, backend, timeout,
                             stream).execute(payload, cores())
     if ended.timed_out:
-        raise RankTimeoutError(ended.pending, timeout, world_size, ended.statuses)
+        raise RankTimeoutError(ended.pending, timeout, world_size, ended.statuses,
+                               ended.collectives)
     if ended.failures:
         raise RankError(ended.failures, world_size, ended.summaries)
     return ended.results
@@ -205,14 +276,19 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, 
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE",
                                             os.environ["WORLD_SIZE"]))
+            from colltutor.transports import nccl_rules
+
             if backend == "auto":
-                backend = "nccl" if torch.cuda.device_count() >= local_size else "gloo"
+                backend = _choose_backend(backend, local_size)
+            emulate = backend == "nccl" and nccl_rules.requested()
             options: dict[str, Any] = {}
-            if backend == "nccl":
+            if backend == "nccl" and not emulate:
                 torch.cuda.set_device(local_rank)
                 options["device_id"] = torch.device("cuda", local_rank)
-            dist.init_process_group(backend, init_method="env://", timeout=wait,
-                                    **options)
+            dist.init_process_group("gloo" if emulate else backend,
+                                    init_method="env://", timeout=wait, **options)
+            if emulate:  # NCCL's rules over gloo
+                nccl_rules.install()
         else:
             backend = "gloo" if backend == "auto" else backend
             dist.init_process_group(backend, store=dist.HashStore(), rank=0,

@@ -19,13 +19,18 @@ cases uses random normal floats, compared with a tolerance (see ``_close``).
 from __future__ import annotations
 
 import contextlib
+import platform
+import re
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import colltutor
 from colltutor import guards, ops, registry
+from colltutor.transports import nccl_rules
 
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.float64, torch.bfloat16)
@@ -35,8 +40,8 @@ INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
 LARGE_DTYPES = (torch.float32, torch.int32)  # the 65537-element cases: two, for time
 NATIVE = (*registry.COLLECTIVES, "all_gather_into_tensor", "reduce_scatter_tensor",
           "all_to_all_single")
-"""The torch.distributed functions forbidden while colltutor runs: one per
-collective (torch names them alike) and the tensor spellings."""
+"""The torch.distributed functions that are forbidden while colltutor runs, one
+per collective (torch names them alike) and the tensor spellings."""
 
 
 def counts(p: int) -> list[int]:
@@ -201,7 +206,7 @@ ROOTED = {name for name, (table, _) in CASES.items()
           if registry.COLLECTIVES[table].rooted}
 REDUCING = {name for name, (table, _) in CASES.items()
             if registry.COLLECTIVES[table].reducing}
-"""Public functions (keys of :data:`CASES`) whose collective has a root, or reduces."""
+"""The public functions of the matrix whose collective has a root, or reduces."""
 
 
 def _wait(work) -> None:
@@ -262,8 +267,10 @@ def plan(p: int) -> Iterator[tuple]:
 
 
 def native_supports(backend: str, op) -> bool:
-    """Whether the native backend can be the oracle: NCCL has no bitwise reductions."""
-    return not (backend == "nccl" and op in ops.BITWISE)
+    """Whether the native backend can be the oracle: NCCL has no bitwise reductions
+    (nor has its emulation on the CPU)."""
+    nccl = backend == "nccl" or nccl_rules.active()
+    return not (nccl and op in ops.BITWISE)
 
 
 def run_matrix(subgroup: bool = False, async_every: int = 5, sample: int = 1,
@@ -300,8 +307,11 @@ def run_matrix(subgroup: bool = False, async_every: int = 5, sample: int = 1,
                 error = None
             except Exception as exc:  # noqa: BLE001 - reported below
                 got, error = [], f"{type(exc).__name__}: {exc}"
+        # NCCL averages floats by scaling every input by 1/p before the sum, we
+        # divide the sum once: the two round differently, like a different order
+        rounded = spread or op == R.AVG
         ok = error is None and len(got) == len(want) and all(
-            _close(a, b, spread, p) for a, b in zip(got, want)
+            _close(a, b, rounded, p) for a, b in zip(got, want)
         )
         if not ok:
             report["failures"].append(
@@ -343,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=1,
                         help="run one case in SAMPLE (default: all)")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--notebooks", default=str(NOTEBOOKS),
+                        help="also run every notebook in this folder (default: the "
+                        "course's, when present; '' to skip)")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = args.backend
@@ -362,5 +375,76 @@ def main(argv: list[str] | None = None) -> int:
     skipped = sum(r["skipped"] for r in reports)
     print(f"selftest on {backend}, {world} ranks: {cases} rank-cases compared, "
           f"{skipped} refused by the native backend, {len(failures)} mismatches")
-    print(f"selftest: {cases - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    folder = Path(args.notebooks) if args.notebooks else None
+    notebooks = run_notebooks(folder) if folder and folder.is_dir() else []
+    broken = [n for n in notebooks if n[1]]
+    print(summary(backend, world, cases, failures, notebooks))
+    print(f"selftest: {cases - len(failures) + len(notebooks) - len(broken)} passed, "
+          f"{len(failures) + len(broken)} failed")
+    return 1 if failures or broken else 0
+
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+"""The course's notebooks, next to the package in a clone of the repository."""
+
+
+def run_notebooks(folder: Path, timeout: int = 300) -> list[tuple[str, str, float]]:
+    """Run every notebook in ``folder`` top to bottom in a fresh kernel, as a reader
+    would on this machine: ``[(name, first error or '', seconds)]``.  Outputs are
+    not compared (they differ between machines); a cell that raises is a failure."""
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError:
+        print("selftest: nbclient is not installed; skipping the notebooks")
+        return []
+    import time
+
+    results = []
+    for path in sorted(folder.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        start = time.perf_counter()
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={
+                "metadata": {"path": str(path.parent)}}).execute()
+            error = ""
+        except Exception as exc:  # noqa: BLE001 (reported, then the next notebook)
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # no colours
+            error = text.splitlines()[-1][:300] if text else repr(exc)
+        results.append((path.name, error, time.perf_counter() - start))
+        print(f"  {path.name:<40} {'FAILED' if error else 'ok':6} "
+              f"{time.perf_counter() - start:6.1f} s", flush=True)
+    return results
+
+
+def summary(backend: str, world: int, cases: int, failures: list[str],
+            notebooks: list[tuple[str, str, float]]) -> str:
+    """What to paste into a bug report: versions, devices, and what failed."""
+    nccl = ""
+    if torch.cuda.is_available():
+        version = torch.cuda.nccl.version() if backend == "nccl" else None
+        gpus = ", ".join(sorted({torch.cuda.get_device_name(i)
+                                 for i in range(torch.cuda.device_count())}))
+        nccl = (f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): "
+                f"{gpus}" + (f", NCCL {'.'.join(map(str, version))}" if version
+                             else ""))
+    broken = [(name, error) for name, error, _ in notebooks if error]
+    lines = ["--- colltutor selftest (paste this into a bug report) ---",
+             f"colltutor {_version()}, torch {torch.__version__}, "
+             f"Python {sys.version.split()[0]}, {platform.platform()}",
+             nccl or "no CUDA device",
+             f"matrix on {backend}, {world} ranks: {cases} rank-cases, "
+             f"{len(failures)} mismatches" + (f"; first: {failures[0]}" if failures
+                                               else ""),
+             f"notebooks: {len(notebooks)} run, {len(broken)} failed"]
+    lines += [f"  {name}: {error}" for name, error in broken]
+    return "\n".join(lines + ["---"])
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("colltutor")
+    except Exception:  # noqa: BLE001 (not installed: a source checkout)
+        return "(source checkout)"

@@ -436,8 +436,6 @@ def _call(collective: str, fn, comm: p2p.Comm, count: int, root: int, op: object
     t.rank, t.size = rank, size
     mine = torch.tensor([encode(rank, i) for i in range(count)], dtype=torch.int64)
     empty = torch.full((count,), EMPTY, dtype=torch.int64)
-    lo = sum(p2p.block_sizes(count, size)[:rank])
-    own = slice(lo, lo + p2p.block_sizes(count, size)[rank])
     if collective == "barrier":
         fn(comm)
     elif collective == "all_to_all":
@@ -447,18 +445,10 @@ def _call(collective: str, fn, comm: p2p.Comm, count: int, root: int, op: object
         out = t.watch(torch.full((size * mine_size,), EMPTY, dtype=torch.int64),
                       "output")
         fn(comm, p2p.blocks(out, size), p2p.blocks(inp, size))
-    elif registry.COLLECTIVES[collective].reducing:
-        buf = t.watch(mine.clone())
-        rooted = registry.COLLECTIVES[collective].rooted
-        fn(comm, buf, _op(op), *([root] if rooted else []))
-    elif collective in ("gather", "all_gather"):
-        buf = empty.clone()
-        buf[own] = mine[own]
-        t.watch(buf)
-        fn(comm, buf, root) if collective == "gather" else fn(comm, buf)
-    else:  # broadcast, scatter: the root's data goes out
-        buf = t.watch(mine.clone() if rank == root else empty.clone())
-        fn(comm, buf, root)
+    else:
+        described = registry.COLLECTIVES[collective]
+        buf = t.watch(described.prepare(mine, empty, rank, size, root))
+        fn(comm, *described.arguments(buf, root, _op(op)))
 
 
 def _rank_run_many(cases: list[tuple], small: int, warmup: bool) -> list[RankTrace]:

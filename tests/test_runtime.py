@@ -150,6 +150,52 @@ def test_a_failure_on_several_ranks_names_them_all():
     assert "ranks 0, 1 of 2 failed" in str(info.value)
 
 
+def test_the_same_error_on_every_rank_is_told_once():
+    def sizes_differ():
+        colltutor.all_reduce(torch.ones(4 + dist.get_rank()))
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(sizes_differ, 4)
+    text = str(info.value)
+    assert text.startswith("ranks 0-3 of 4 failed: MismatchError: all_reduce: ranks "
+                           "disagree on element count: rank 0 passed 4 elements")
+    assert text.count("Traceback") == 1
+    assert "\n--- rank 0 (same on ranks 1-3) ---\nTraceback" in text
+    assert list(info.value.failures) == [0, 1, 2, 3]  # every traceback is kept
+
+
+def test_different_errors_are_each_shown():
+    def two_kinds():
+        dist.barrier()  # fail together, well within the caller's grace period
+        if dist.get_rank() % 2:
+            raise KeyError("odd")
+        raise ValueError("even ranks fail")
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(two_kinds, 4)
+    lines = str(info.value).splitlines()
+    assert lines[:3] == ["ranks 0-3 of 4 failed with 2 different errors:",
+                         "  ranks 0, 2: ValueError: even ranks fail",
+                         "  ranks 1, 3: KeyError: 'odd'"]
+    assert lines.count("--- rank 0 (same on rank 2) ---") == 1
+    assert lines.count("--- rank 1 (same on rank 3) ---") == 1
+    assert str(info.value).count("Traceback") == 2
+
+
+def test_the_rank_that_caused_an_error_comes_first():
+    def bad_root():
+        colltutor.broadcast(torch.ones(2), 7 if dist.get_rank() == 1 else 0)
+
+    with pytest.raises(colltutor.RankError) as info:
+        colltutor.run(bad_root, 3)
+    text = str(info.value)
+    assert text.startswith("ranks 0-2 of 3 failed with ")
+    assert text.splitlines()[1] == ("  rank 1: ValueError: src rank 7 is not in a "
+                                    "group of 3 ranks (global ranks 0, 1, 2)")
+    assert text.count("Traceback") == 1 and "\n--- rank 1 ---\n" in text
+    assert "PeerArgumentError" in text and "tracebacks in RankError.failures" in text
+
+
 def test_a_result_that_cannot_travel_is_an_error():
     with pytest.raises(colltutor.RankError, match="cannot pickle"):
         colltutor.run(threading.Lock, 1)
@@ -182,6 +228,53 @@ def waits_for_left(comm: Comm, buf: torch.Tensor) -> None:
         comm.recv(buf, (comm.rank + 1) % comm.size)
     finally:
         comm.phases.pop()
+
+
+def test_a_timeout_names_the_collective_and_who_returned_from_it():
+    def rank_two_skips():
+        if dist.get_rank() != 2:
+            colltutor.all_reduce(torch.ones(4))
+
+    with pytest.raises(colltutor.RankTimeoutError) as info:
+        colltutor.run(rank_two_skips, 4, timeout=2)
+    assert info.value.pending == [0, 1, 3]
+    lines = str(info.value).splitlines()
+    assert all(line.startswith(f"  rank {r}: in all_reduce (call #1), blocked in ")
+               and "(guards.agree, step " in line
+               for r, line in zip([0, 1, 3], lines[1:4], strict=True))
+    assert lines[4:] == ["  all_reduce call #1: ranks 0, 1, 3 are in it; rank 2 had "
+                         "returned from the run's function after 0 all_reduce calls"]
+
+
+def test_a_timeout_names_the_ranks_that_had_returned_from_the_collective():
+    def last_rank_late():
+        colltutor.set_checks(False)  # no agreement: the tree's first ranks finish
+        if dist.get_rank() == 3:
+            time.sleep(600)
+        colltutor.broadcast(torch.ones(4), 0, algorithm="binomial_tree")
+
+    with pytest.raises(colltutor.RankTimeoutError) as info:
+        colltutor.run(last_rank_late, 4, timeout=2)
+    assert info.value.pending == [2, 3]
+    assert str(info.value).splitlines()[1:] == [
+        "  rank 2: in broadcast (call #1), blocked in send to rank 3 "
+        "(broadcast.binomial_tree, step 2)",
+        "  rank 3: not in a colltutor step (in user code or a torch.distributed call)",
+        "  broadcast call #1: ranks 0, 1 had already returned from it; rank 2 is in "
+        "it; rank 3 has not called it yet (0 broadcast calls so far)",
+    ]
+
+
+def test_the_timeout_report_compares_call_numbers():
+    error = runtime.RankTimeoutError(
+        [0, 3], 5, 4, {0: "in all_reduce (call #2)", 3: "waiting"},
+        {0: ([("all_reduce", 2)], {"all_reduce": 1}),
+         1: ([], {"all_reduce": 2}), 3: ([], {"all_reduce": 1})})
+    assert str(error).splitlines()[1:] == [
+        "  rank 0: in all_reduce (call #2)", "  rank 3: waiting",
+        "  all_reduce call #2: rank 0 is in it; rank 1 had already returned from "
+        "it; rank 2 did not answer; rank 3 has not called it yet (1 all_reduce call "
+        "so far)"]
 
 
 def test_a_hang_times_out_naming_the_ranks_and_what_they_wait_for():
@@ -231,24 +324,50 @@ def test_world_sizes_back_to_back_including_one_and_more_than_the_cores():
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def test_the_store_listens_on_loopback_only_and_threads_are_shared():
-    def inspect(caller: int):
-        port = int(os.environ["MASTER_PORT"])
-        store = [c.laddr for c in psutil.Process(caller).net_connections("inet")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-        return store, torch.get_num_threads()
+def _listening(pid: int) -> set[tuple[str, int]]:
+    connections = psutil.Process(pid).net_connections("inet")
+    return {tuple(c.laddr) for c in connections if c.status == psutil.CONN_LISTEN}
 
-    cores = len(os.sched_getaffinity(0))
-    results = colltutor.run(inspect, 2, os.getpid())
-    for store, threads in results:
-        assert [tuple(a) for a in store] == [("127.0.0.1", results[0][0][0].port)]
+
+def test_the_store_is_the_callers_gloo_listens_on_loopback_threads_are_shared():
+    """The ranks find each other through a store the caller keeps (no port to
+    open, no address to look up); gloo's own sockets listen on loopback only."""
+    def inspect(caller: int):
+        return _listening(os.getpid()), _listening(caller), torch.get_num_threads()
+
+    cores, before = len(os.sched_getaffinity(0)), _listening_ports()
+    for own, callers, threads in colltutor.run(inspect, 2, os.getpid()):
+        assert own and {host for host, _ in own} == {"127.0.0.1"}
+        assert callers <= before
         assert threads == max(1, cores // 2)
 
 
+def test_the_callers_store_answers_every_request():
+    def use_store():
+        store, rank = dist.distributed_c10d._get_default_store(), dist.get_rank()
+        store.set(f"from/{rank}", f"rank {rank}")
+        store.add("count", rank + 1)
+        store.wait(["from/0", "from/1", "from/2"])
+        won = store.compare_set("first", "", str(rank)) == str(rank).encode()
+        dist.barrier()
+        return ([store.get(f"from/{r}") for r in range(3)], store.add("count", 0),
+                store.check(["from/0", "nope"]), store.delete_key("nope"),
+                store.num_keys() > 3, won)
+
+    results = colltutor.run(use_store, 3)
+    assert [r[:-1] for r in results] == [
+        ([b"rank 0", b"rank 1", b"rank 2"], 6, False, False, True)] * 3
+    assert sum(r[-1] for r in results) == 1  # compare_set let exactly one rank in
+
+
 def test_backend_auto_is_nccl_only_with_a_gpu_per_rank(monkeypatch):
+    monkeypatch.delenv("COLLTUTOR_EMULATE", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert runtime._choose_backend("auto", 2) == "nccl"
     assert runtime._choose_backend("auto", 3) == "gloo"
+    monkeypatch.setenv("COLLTUTOR_EMULATE", "nccl")  # NCCL's rules on the CPU
+    assert runtime._choose_backend("auto", 3) == "nccl"
+    assert runtime._choose_backend("gloo", 3) == "gloo"
     assert runtime._choose_backend("gloo", 1) == "gloo"
 
 
@@ -304,6 +423,26 @@ def test_report_status_outside_a_step():
         assert status.status_text() == "hello"
     finally:
         status.report_status(None)
+
+
+def test_tracked_collectives_count_calls_and_returns():
+    seen = []
+
+    def fake_all_reduce(x):
+        seen.append((status.status_text(), status.collectives()))
+        if x < 0:
+            raise ValueError(x)
+
+    tracked = status.tracked(fake_all_reduce)
+    assert tracked.__name__ == "fake_all_reduce"
+    tracked(1)
+    with pytest.raises(ValueError):
+        tracked(-1)
+    text, (inside, returned) = seen[1]
+    assert text == "in fake_all_reduce (call #2), not in a colltutor step"
+    assert ("fake_all_reduce", 2) in inside and returned["fake_all_reduce"] == 1
+    inside, returned = status.collectives()
+    assert not inside and returned["fake_all_reduce"] == 2
 
 
 def test_ranks_die_with_the_fork_server(monkeypatch):

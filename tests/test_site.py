@@ -7,6 +7,15 @@ every image has loaded, math has been typeset by MathJax, widgets saved with the
 notebooks have been drawn, and no internal link is broken.  Search is used as a
 reader would: type a word, get results.  Screenshots go to ``_build/screenshots/``.
 
+The site is also read as a person reads it: no nbval marker shows, no output is
+wider than its column, every chapter page has a figure, no figure's text renders
+smaller than 10 px (the chapters' diagrams, drawn at build time, not smaller than
+14 px), exercise solutions fold under "Show solution", and links show titles, not
+file names.  Figure text is measured where the browser drew it: an inline SVG's
+text by its computed size times the SVG's scale on screen; a PNG by the size of its
+smallest text that colltutor's pictures record in it (``colltutor:text-px``,
+:mod:`colltutor.draw`) times the scale the page shows the PNG at.
+
 Needs the site (``jupyter-book build .``, after ``python tools/vendor_assets.py``),
 ``apt-get install chromium`` and the ``playwright`` Python package; skips, saying
 which is missing, otherwise.
@@ -14,11 +23,13 @@ which is missing, otherwise.
 
 from __future__ import annotations
 
+import base64
 import functools
 import html.parser
 import http.server
 import re
 import shutil
+import subprocess
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -39,6 +50,9 @@ TIMEOUT_MS = 30_000
 FULL_SHOTS = {"book/index.html", "book/02_point_to_point.html",
               "notebooks/01_ranks_groups_backends.html", "book/api.html"}
 SEARCH_WORD = "deadlock"
+CHAPTER = re.compile(r"book/\d\d_[^/]+\.html$")
+MIN_TEXT_PX = 10.0  # no figure's text smaller than this
+DIAGRAM_TEXT_PX = 14.0  # the chapters' diagrams: about the body text's 16 px
 
 
 @dataclass
@@ -59,6 +73,13 @@ class PageReport:
     animations_stepping: int = 0
     explorers: int = 0
     links: list[str] = field(default_factory=list)
+    nbval_markers: list[str] = field(default_factory=list)
+    wide_outputs: list[str] = field(default_factory=list)
+    figures: int = 0
+    small_text: list[str] = field(default_factory=list)
+    unmeasured_images: list[str] = field(default_factory=list)
+    code_prompts: list[str] = field(default_factory=list)
+    file_name_links: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -160,10 +181,92 @@ def _visit(page, base: str, path: str) -> PageReport:
         ".map(i => i.currentSrc || i.src)")
     report.links = page.evaluate(
         "() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
+    _read_as_a_person(page, base, report)
     page.evaluate("window.scrollTo(0, 0)")
     name = path.replace("/", "__").removesuffix(".html") + ".png"
     page.screenshot(path=str(SHOTS / name), full_page=path in FULL_SHOTS)
     return report
+
+
+# What a reader sees: markers, overflowing outputs, figures and their text size.
+_PERSON_JS = """() => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const right = article.getBoundingClientRect().right;
+  const short = e => (e.textContent || '').trim().slice(0, 60);
+  const nbval = article.innerText.split('\\n').filter(l => /NBVAL_[A-Z]/.test(l));
+  const wide = [...article.querySelectorAll(
+      'div.cell_output, div.cell_output > *, div.cell_output pre')]
+    .filter(e => e.offsetParent !== null && (e.scrollWidth > e.clientWidth + 1
+                 || e.getBoundingClientRect().right > right + 1))
+    .map(e => `${e.tagName.toLowerCase()} ${e.scrollWidth}px in ${e.clientWidth}px: `
+              + short(e));
+  const figures = article.querySelectorAll(
+      'figure:has(svg, img), div.cell_output img, svg.colltutor-svg').length;
+  const own = t => [...t.childNodes].some(
+      n => n.nodeType === 3 && n.textContent.trim());
+  const svgs = [...article.querySelectorAll('svg.colltutor-svg')].map(svg => {
+    const sizes = [...svg.querySelectorAll('text, tspan')].filter(own).map(t => {
+      const m = t.getScreenCTM();  // its scale on screen, rotated or not
+      return parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b);
+    });
+    return {name: svg.getAttribute('aria-label') || 'svg', px: Math.min(...sizes)};
+  });
+  const images = [...article.querySelectorAll('div.cell_output img, figure img')]
+    .filter(i => i.complete && i.naturalWidth > 0
+                 && i.getBoundingClientRect().width > 0)
+    .map(i => ({src: i.currentSrc || i.src,
+                scale: i.getBoundingClientRect().width / i.naturalWidth}));
+  const prompts = [...article.querySelectorAll('details summary')]
+    .map(s => s.innerText.trim()).filter(t => t);
+  const names = [...article.querySelectorAll('a[href]')]
+    .filter(a => a.host === location.host && /\\.(ipynb|md)$/.test(a.innerText.trim()))
+    .map(a => a.innerText.trim());
+  return {nbval, wide, figures, svgs, images, prompts, names};
+}"""
+
+
+def _png_text_px(data: bytes) -> float | None:
+    """The ``colltutor:text-px`` a PNG records (see the module doc), if any."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            if key == b"colltutor:text-px":
+                return float(value.decode("latin-1"))
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        pos += 12 + length
+    return None
+
+
+def _image_bytes(src: str, base: str) -> bytes:
+    if src.startswith("data:"):
+        return base64.b64decode(src.split(",", 1)[1])
+    path = urllib.parse.unquote(urllib.parse.urlsplit(src).path).lstrip("/")
+    return (SITE / path).read_bytes() if src.startswith(base) else b""
+
+
+def _read_as_a_person(page, base: str, report: PageReport) -> None:
+    seen = page.evaluate(_PERSON_JS)
+    report.nbval_markers = seen["nbval"]
+    report.wide_outputs = seen["wide"]
+    report.figures = seen["figures"]
+    report.code_prompts = seen["prompts"]
+    report.file_name_links = seen["names"]
+    least = DIAGRAM_TEXT_PX if CHAPTER.search(report.path) else MIN_TEXT_PX
+    for svg in seen["svgs"]:
+        if svg["px"] < least:
+            report.small_text.append(f"{svg['name']}: {svg['px']:.1f} px")
+    for image in seen["images"]:
+        px = _png_text_px(_image_bytes(image["src"], base))
+        name = image["src"][:80]
+        if px is None:
+            report.unmeasured_images.append(name)
+        elif px * image["scale"] < MIN_TEXT_PX:
+            report.small_text.append(f"{name}: {px * image['scale']:.1f} px "
+                                     f"({px:.1f} px shown at {image['scale']:.2f}x)")
 
 
 def _search(page, base: str) -> list[str]:
@@ -307,3 +410,66 @@ def test_search_finds_pages(site: SiteReport) -> None:
     assert site.search_error == ""
     assert any("Point-to-point" in title for title in site.search_results), (
         site.search_results)
+
+
+def test_no_nbval_marker_is_visible(site: SiteReport) -> None:
+    failures = _failures(site, lambda r: r.nbval_markers)
+    assert not failures, failures
+
+
+def test_outputs_fit_their_column(site: SiteReport) -> None:
+    failures = _failures(site, lambda r: r.wide_outputs)
+    assert not failures, failures
+
+
+def test_every_chapter_page_has_a_figure(site: SiteReport) -> None:
+    chapters = [path for path in site.pages if CHAPTER.search(path)]
+    assert len(chapters) >= 11, chapters
+    missing = [path for path in chapters if site.pages[path].figures < 1]
+    assert not missing, f"chapter pages without a figure: {missing}"
+
+
+def test_figure_text_is_legible(site: SiteReport) -> None:
+    measured = sum(r.figures for r in site.pages.values())
+    assert measured, "no figure was measured"
+    failures = _failures(site, lambda r: r.small_text)
+    assert not failures, f"figure text below {MIN_TEXT_PX} px:{failures}"
+
+
+def test_figures_record_their_text_size(site: SiteReport) -> None:
+    """A PNG drawn by colltutor says how small its text is; one that does not was
+    drawn before it could, and needs its notebook run again
+    (``python tools/execute_notebooks.py``)."""
+    failures = _failures(site, lambda r: r.unmeasured_images)
+    assert not failures, failures
+
+
+def test_solutions_are_labelled(site: SiteReport) -> None:
+    exercises = [r for path, r in site.pages.items() if "exercises" in path]
+    assert exercises, "no exercise notebook pages"
+    failures = _failures(site, lambda r: [p for p in r.code_prompts
+                                          if "code cell" in p])
+    assert not failures, failures
+    assert all("Show solution" in r.code_prompts for r in exercises), [
+        (r.path, r.code_prompts[:3]) for r in exercises]
+
+
+def test_links_show_titles_not_file_names(site: SiteReport) -> None:
+    failures = _failures(site, lambda r: r.file_name_links)
+    assert not failures, failures
+
+
+def test_quick_start_opens_jupyterlab() -> None:
+    """The command the quick start tells a reader to run exists where it says."""
+    quick_start = (ROOT / "book" / "index.md").read_text(encoding="utf-8")
+    command = re.search(r"^(\.venv/bin/jupyter) lab notebooks/", quick_start, re.M)
+    assert command, "book/index.md's quick start names no `jupyter lab` command"
+    assert command.group(0) in (ROOT / "README.md").read_text(encoding="utf-8")
+    jupyter = ROOT / command.group(1)
+    if not jupyter.exists():
+        pytest.skip(f"no {jupyter}: run `make book` (or `make setup`) first")
+    for argv in ([str(jupyter), "lab", "--version"],
+                 [str(ROOT / ".venv" / "bin" / "jupyter-lab"), "--version"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+        assert re.match(r"\d+\.\d+", done.stdout.strip()), done.stdout

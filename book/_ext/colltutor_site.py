@@ -14,11 +14,22 @@ sphinx-thebe registers its inline configuration script (``const THEBE_JS_URL =
 is de-duplicated here before the page is written.  The theme's colour mode
 defaults to "auto" (``html_context`` in ``_config.yml``) so that the theme does not
 log "Got invalid theme mode" on a reader's first visit.
+
+The notebooks are written for two readers, nbval and a person, and the site is for
+the person.  As Sphinx reads each notebook (``source-read``, so the files on disk
+stay as they are), :func:`clean_notebook` drops nbval's marker comments
+(``# NBVAL_IGNORE_OUTPUT`` and the like) from code cells, labels the folded code of
+cells tagged ``solution`` "Show solution" instead of "Show code cell source", and
+turns a link whose text is its own target (``[06_exercises.ipynb](06_exercises.ipynb)``)
+into one that shows the target's title.  ``colltutor-site.css`` wraps long
+outputs inside their column instead of letting them run off its edge.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 
@@ -55,7 +66,56 @@ def fix_scripts(app: Any, pagename: str, templatename: str, context: dict,
     scripts[:] = unique
 
 
+MARKER = re.compile(r"^[ \t]*#[ \t]*NBVAL_[A-Z_]+[ \t]*(\n|$)", re.MULTILINE)
+SELF_LINK = re.compile(r"\[`?([^\]`]+\.(?:ipynb|md))`?\]\(([^)\s]+)\)")
+SOLUTION = {"code_prompt_show": "Show solution", "code_prompt_hide": "Hide solution"}
+
+
+def clean_notebook(text: str) -> str:
+    """A notebook's JSON with what the website should not show taken out (see the
+    module docstring); text that is not a notebook comes back unchanged."""
+    try:
+        nb = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(nb, dict) or "cells" not in nb:
+        return text
+    for cell in nb["cells"]:
+        source = "".join(cell.get("source", []))
+        if cell.get("cell_type") == "code":
+            source = MARKER.sub("", source)
+            if "solution" in cell.get("metadata", {}).get("tags", []):
+                cell["metadata"].setdefault("mystnb", {}).update(SOLUTION)
+        elif cell.get("cell_type") == "markdown":
+            source = SELF_LINK.sub(lambda m: f"[]({m.group(2)})" if Path(
+                m.group(2)).name == m.group(1) else m.group(0), source)
+        cell["source"] = source
+    return json.dumps(nb, ensure_ascii=False)
+
+
+def read_source(app: Any, docname: str, source: list[str]) -> None:
+    if str(app.env.doc2path(docname)).endswith(".ipynb"):
+        source[0] = clean_notebook(source[0])
+
+
+CSS = """
+/* Long outputs wrap inside their column instead of running off its edge. */
+div.cell_output pre, div.cell_output .output pre, div.output pre {
+  white-space: pre-wrap; overflow-wrap: anywhere; }
+div.cell_output { max-width: 100%; overflow-x: auto; }
+"""
+
+
+def add_css(app: Any) -> None:
+    out = Path(app.outdir) / "_static" / "colltutor-site.css"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(CSS)
+
+
 def setup(app: Any) -> dict[str, Any]:
     # Late, after myst-nb has added the widget scripts to pages that have widgets.
     app.connect("html-page-context", fix_scripts, priority=900)
+    app.connect("source-read", read_source)
+    app.connect("builder-inited", add_css)
+    app.add_css_file("colltutor-site.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

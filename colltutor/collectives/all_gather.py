@@ -14,8 +14,8 @@ from itertools import accumulate
 
 import torch
 
-from colltutor.collectives import fold
-from colltutor.formulas import doubling, folds, frac, lg, lgq, uniform
+from colltutor.collectives import at_once, fold, hierarchy, pat_steps
+from colltutor.formulas import doubling, folds, frac, lg, lgq, ring_columns, uniform
 from colltutor.p2p import Comm, block_sizes, blocks
 from colltutor.registry import algorithm
 
@@ -117,3 +117,90 @@ def bruck(comm: Comm, buf: torch.Tensor) -> None:
     head = buf.numel() - start
     buf[start:].copy_(tmp[:head])
     buf[:start].copy_(tmp[head:])
+
+
+# -- Chapter 11: what NCCL runs -------------------------------------------------------
+
+@algorithm("all_gather", chapter=11,
+           shape="ring all-gather on the rails, then one ring per node's span in the "
+                 "node, all at once",
+           counts=lambda p, n, b, s: hierarchy.all_gather_counts(p, n, s),
+           cost=lambda p, n: hierarchy.terms(p, n, reducing=False, phases=1))
+def hierarchical(comm: Comm, buf: torch.Tensor, k: int | None = None) -> None:
+    """Two-level all-gather for nodes of ``k`` ranks
+    (:func:`~colltutor.collectives.hierarchy.ranks_per_node`): along the rails,
+    then inside the node.
+
+    First every rank gathers, from the rank of its local rank on every other node,
+    that rank's block (``m = p/k`` blocks, ``k`` apart in the buffer): only
+    ``(m-1)/p n`` per rank crosses the network.  Then the node's ranks pass on what
+    their rails gathered: one ring for each node's span of ``k`` blocks, all
+    ``m`` at once (:func:`~colltutor.collectives.at_once.ring_all_gather`).  Steps:
+    ``(m-1) + (k-1)`` instead of ``p-1``; bytes as the ring.  Cost:
+    ``(k+m-2) alpha + ((p-1)/p) n beta``.  The two levels of MPI's SMP-aware
+    collectives, with rails as in NVIDIA's rail-optimised clusters.  Chapter 11,
+    What NCCL Runs.
+    """
+    nodes, rail = hierarchy.spans(comm, hierarchy.ranks_per_node(comm.size, k))
+    # 1. along the rail: my local rank's block of every node
+    ring(rail, buf)
+    # 2. inside the node: every node's span, one ring each, all at once
+    at_once.ring_all_gather(nodes, buf)
+
+
+@algorithm("all_gather", chapter=11,
+           shape="ceil(lg p) aggregated transfers, distances halving (near ranks last)",
+           counts=lambda p, n, b, s: pat_steps.counts(p, n, s, gather=True),
+           cost=lambda p, n: pat_steps.terms(p, n, reducing=False))
+def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTES
+        ) -> None:
+    """PAT (Jeaugey 2025; NCCL 2.23): Bruck's all-gather with its dimensions
+    reversed, aggregated through a bounded buffer
+    (:mod:`~colltutor.collectives.pat_steps`).
+
+    At distance d = 2^(L-1), ..., 2, 1 (far first) a rank sends to rank-d the
+    blocks it holds at offsets 0, 2d, 4d, ... from its own and receives rank+d's,
+    packed into one staging buffer of at most ``buffer_bytes``: a block crosses the
+    far distances alone and the near ones with many others.  Transfers:
+    ``ceil(lg p)`` while a distance's blocks fit the buffer, more (a column at a
+    time) when they do not; each rank sends ``(p-1)/p n`` whatever the buffer.
+    Cost: ``ceil(lg p) alpha + ((p-1)/p) n beta`` for small ``n``, plus two local
+    copies of what moves.  Modelled: the reversed-Bruck pattern, aggregation up to
+    the buffer, the bounded staging memory.  Not modelled: PAT's schedule over
+    its parallel trees, which keeps several transfers in flight at once and
+    bounds a reduce-scatter's partial results in NCCL's own buffers, and NCCL's
+    per-step buffer slots.  Chapter 11, What NCCL Runs.
+    """
+    p, rank = comm.size, comm.rank
+    columns, per, width = pat_steps.plan(buf.numel(), p, buf.element_size(),
+                                         buffer_bytes)
+    staging = comm.scratch(2 * width, buf)
+    for j in range(columns):
+        chunk = comm.column(columns, j).blocks(buf)
+        # 1. far distances first: what I hold at offsets 0, 2d, ... goes to rank-d,
+        #    rank+d's arrives at offsets d, 3d, ...
+        for d in pat_steps.dimensions(p):
+            for group in pat_steps.transfers(p, d, per):
+                pat_steps.transfer(comm, [chunk[(rank + t) % p] for t in group],
+                                   (rank - d) % p,
+                                   [chunk[(rank + d + t) % p] for t in group],
+                                   (rank + d) % p, staging)
+
+
+@algorithm("all_gather", chapter=11,
+           shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
+           counts=lambda p, n, b, s: ring_columns(p, n, s, 2, gather=True),
+           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
+def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None:
+    """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
+    block, each step posting the messages of every ring together
+    (:func:`~colltutor.collectives.at_once.ring_all_gather`).
+
+    NCCL splits every collective between its channels (``NCCL_MIN_NCHANNELS``)
+    and gives each its own thread block and, where it can, its own links; sharing
+    one link, as here, the rings move the ring's bytes in ``c`` times as many
+    messages.  Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one
+    link): ``(p-1) alpha + ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
+    """
+    # 1. every channel's ring, step by step, all channels in each step
+    at_once.ring_all_gather([comm.column(channels, j) for j in range(channels)], buf)

@@ -12,7 +12,16 @@ from __future__ import annotations
 import torch
 
 from colltutor import ops, p2p
-from colltutor.collectives import all_gather, broadcast, fold, reduce, reduce_scatter
+from colltutor.collectives import (
+    all_gather,
+    at_once,
+    broadcast,
+    double_tree,
+    fold,
+    hierarchy,
+    reduce,
+    reduce_scatter,
+)
 from colltutor.formulas import (
     doubling,
     folds,
@@ -20,13 +29,14 @@ from colltutor.formulas import (
     halving,
     lg,
     lgq,
+    ring_columns,
     then,
     tree_down,
     tree_up,
     uniform,
     whole_doubling,
 )
-from colltutor.p2p import Comm
+from colltutor.p2p import Comm, blocks
 from colltutor.registry import algorithm
 
 RING_BYTES = 6 << 20
@@ -202,3 +212,115 @@ def rabenseifner(comm: Comm, buf: torch.Tensor, op: object) -> None:
     reduce_scatter.recursive_halving(comm, buf, op)
     # 2. every rank collects every reduced block
     all_gather.recursive_doubling(comm, buf)
+
+
+# -- Chapter 11: what NCCL runs -------------------------------------------------------
+
+@algorithm("all_reduce", chapter=11,
+           shape="two binary trees, each reducing then broadcasting half of the buffer "
+                 "in k chunks",
+           counts=lambda p, n, b, s: double_tree.counts(p, n, s),
+           cost=double_tree.terms)
+def double_binary_tree(comm: Comm, buf: torch.Tensor, op: object,
+                       chunks: int | None = None) -> None:
+    """NCCL's tree all-reduce: half the buffer on each of two complementary binary
+    trees (:mod:`~colltutor.collectives.double_tree`), each half in ``k`` chunks
+    (:func:`~colltutor.collectives.double_tree.chunks` unless ``chunks`` is given).
+
+    A chunk is reduced up its tree, a link a tick, and broadcast back down from the
+    root; the next chunk follows one tick behind, so the reduce of chunk j+1
+    overlaps the broadcast of chunk j (NCCL's ``runTreeSplit``), and each tick is
+    one step holding the messages of both trees.  A rank is interior in at most one
+    tree, so it sends at most ``2n`` (as much as the ring) but a chunk crosses only
+    ``2 lg p'`` links.  Ticks: ``2 lg p' + k - 1``.  Cost: ``(2 lg p' + k - 1)
+    (alpha + (2n/k) beta + (n/k) gamma)``, about ``2 n beta`` for large ``n`` at
+    logarithmic latency.  Sanders, Speck and Träff 2009; NCCL 2.4.  Chapter 11,
+    What NCCL Runs.
+    """
+    p, height = comm.size, double_tree.height(comm.size)
+    k = chunks or double_tree.chunks(buf.numel(), buf.element_size(), p)
+    trees = list(zip(double_tree.nodes(comm.rank, p),
+                     [blocks(half, k) for half in buf.tensor_split(2)], strict=True))
+    fan_in = sum(len(node.down) for node, _ in trees)
+    slots = comm.scratch(fan_in * -(-buf.numel() // (2 * k)), buf)
+    for tick in range(2 * height + k - 1):
+        up, down, adds, copies = [], [], [], []
+        for node, chunk in trees:
+            rise = tick - (height - node.depth)  # the chunk I send up at this tick
+            fall = tick - (height + node.depth)  # the chunk I send down at this tick
+            # 1. up: my children's chunk rise+1 is reduced into mine, chunk rise goes
+            #    to my parent
+            adds += [(c, x, None) for x in _due(chunk, rise + 1) for c in node.down]
+            up += [(q, x) for x in _due(chunk, rise) for q in node.up]
+            # 2. down: the finished chunk fall+1 comes from my parent, chunk fall goes
+            #    on to my children
+            copies += [(q, x) for x in _due(chunk, fall + 1) for q in node.up]
+            down += [(c, x) for x in _due(chunk, fall) for c in node.down]
+        # partial results are received before finished chunks, and sent in that order
+        at_once.exchange_reduce(comm, up + down, adds, op, slots, copies)
+    ops.finish(op, buf, p)
+
+
+def _due(chunks: list[torch.Tensor], j: int) -> list[torch.Tensor]:
+    """``[chunks[j]]`` if there is a chunk ``j``, else ``[]``."""
+    return chunks[j:j + 1] if j >= 0 else []
+
+
+@algorithm("all_reduce", chapter=11,
+           shape="ring reduce-scatter in the node, ring all-reduce on the rails, "
+                 "ring all-gather in the node",
+           counts=lambda p, n, b, s: hierarchy.all_reduce_counts(p, n, s),
+           cost=lambda p, n: hierarchy.terms(p, n, reducing=True, phases=2))
+def hierarchical(comm: Comm, buf: torch.Tensor, op: object, k: int | None = None
+                 ) -> None:
+    """Two-level all-reduce for nodes of ``k`` ranks
+    (:func:`~colltutor.collectives.hierarchy.ranks_per_node`): inside the node,
+    along the rails between the nodes, inside the node again.
+
+    The buffer is cut into ``k`` parts; after the node's reduce-scatter local rank
+    ``l`` holds part ``l`` reduced over its node, the ``m = p/k`` ranks of its rail
+    all-reduce that part between the nodes, and the node's all-gather hands every
+    part to every rank.  Only ``n/k`` per rank crosses the network.  Steps:
+    ``2(k-1) + 2(m-1)`` instead of the ring's ``2(p-1)``; bytes as the ring.  Cost:
+    ``2(k+m-2) alpha + 2((p-1)/p) n beta + ((p-1)/p) n gamma``, where the ``beta``
+    of ``2((k-1)/k) n`` is the node's and that of ``2((m-1)/p) n`` the network's.
+    The phases sum (AVG is divided once, at the end).  The composition of MPI's
+    SMP-aware collectives and of Horovod's hierarchical all-reduce (NCCL in the
+    node, MPI between nodes); rails as in NVIDIA's rail-optimised clusters.
+    Chapter 11, What NCCL Runs.
+    """
+    node, rail = hierarchy.parts(comm, hierarchy.ranks_per_node(comm.size, k))
+    total = ops.ReduceOp.SUM if op == ops.ReduceOp.AVG else op
+    # 1. inside the node: local rank l reduces part l over its node
+    reduce_scatter.ring(node, buf, total)
+    # 2. along the rail: part l is all-reduced between the nodes
+    ring(rail, buf, total)
+    # 3. inside the node: every rank collects every part
+    all_gather.ring(node, buf)
+    ops.finish(op, buf, comm.size)
+
+
+@algorithm("all_reduce", chapter=11,
+           shape="c rings at once, 2(p-1) steps of c messages of n/(cp) elements",
+           counts=lambda p, n, b, s: then(ring_columns(p, n, s, 2, gather=False),
+                                          ring_columns(p, n, s, 2, gather=True)),
+           cost=lambda p, n: (2 * (p - 1), 2 * frac(p) * n, frac(p) * n))
+def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2
+                       ) -> None:
+    """:func:`ring` on ``channels`` (c) rings at once, each with its share of the buffer
+    (column j: piece j of every block), every step posting the messages of all the
+    rings together (:mod:`~colltutor.collectives.at_once`).
+
+    NCCL splits every collective between its channels (``ncclCollCbdPart`` in
+    ``src/device/all_reduce.h``, ``NCCL_MIN_NCHANNELS``) and runs each on its own
+    thread block and, where it can, its own links, so ``c`` channels move ``c``
+    times the data of one; sharing one link, as here, they move the ring's bytes
+    in ``c`` times as many messages.  Steps: ``2(p-1)``, each of ``c`` messages of
+    ``n/(cp)``.  Cost (one link): ``2(p-1) alpha + 2((p-1)/p) n beta +
+    ((p-1)/p) n gamma``.  Chapter 11, What NCCL Runs.
+    """
+    rings = [comm.column(channels, j) for j in range(channels)]
+    # 1. on every channel, block `rank` becomes the reduction of block `rank`
+    at_once.ring_reduce_scatter(rings, buf, op)
+    # 2. on every channel, every rank collects every reduced block
+    at_once.ring_all_gather(rings, buf)

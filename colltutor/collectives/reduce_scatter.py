@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from colltutor import ops
-from colltutor.collectives import fold
-from colltutor.formulas import folds, frac, halving, lgq, uniform
+from colltutor.collectives import at_once, fold, hierarchy, pat_steps
+from colltutor.formulas import folds, frac, halving, lgq, ring_columns, uniform
 from colltutor.p2p import Comm, place
 from colltutor.registry import algorithm
 
@@ -122,3 +122,99 @@ def _finish(op: object, result: torch.Tensor, mine: torch.Tensor, p: int) -> Non
     if p == 1:
         place(result, mine)
     ops.finish(op, result, p)
+
+
+# -- Chapter 11: what NCCL runs -------------------------------------------------------
+
+@algorithm("reduce_scatter", chapter=11,
+           shape="one ring per node's span in the node, all at once, then a ring "
+                 "reduce-scatter on the rails",
+           counts=lambda p, n, b, s: hierarchy.reduce_scatter_counts(p, n, s),
+           cost=lambda p, n: hierarchy.terms(p, n, reducing=True, phases=1))
+def hierarchical(comm: Comm, buf: torch.Tensor, op: object,
+                 work: torch.Tensor | None = None, k: int | None = None) -> None:
+    """Two-level reduce-scatter for nodes of ``k`` ranks
+    (:func:`~colltutor.collectives.hierarchy.ranks_per_node`): inside the node,
+    then along the rails; the all-gather's :func:`hierarchical` backwards.
+
+    First the node reduces every node's span of ``k`` blocks, one ring per span, all
+    ``m = p/k`` at once
+    (:func:`~colltutor.collectives.at_once.ring_reduce_scatter`): local rank ``l``
+    ends with block ``h k + l`` of every span reduced over its node. Then its rail
+    reduces those ``m`` blocks between the nodes, and each rank keeps its own: only
+    ``(m-1)/p n`` per rank crosses the network. Steps: ``(k-1) + (m-1)`` instead of
+    ``p-1``; bytes as the ring. Cost: ``(k+m-2) alpha + ((p-1)/p) n (beta +
+    gamma)``. The phases sum (AVG is divided once, at the end). The two levels of
+    MPI's SMP-aware collectives, with rails as in NVIDIA's rail-optimised clusters.
+    Chapter 11, What NCCL Runs.
+    """
+    nodes, rail = hierarchy.spans(comm, hierarchy.ranks_per_node(comm.size, k))
+    total = ops.ReduceOp.SUM if op == ops.ReduceOp.AVG else op
+    acc = buf if work is None else work
+    # 1. inside the node: every node's span, one ring each, all at once
+    at_once.ring_reduce_scatter(nodes, buf, total, work)
+    # 2. along the rail: my local rank's block of every node, reduced between nodes
+    ring(rail, acc, total)
+    ops.finish(op, comm.blocks(acc)[comm.rank], comm.size)
+
+
+@algorithm("reduce_scatter", chapter=11,
+           shape="ceil(lg p) aggregated transfers, distances doubling (near ranks "
+                 "first)",
+           counts=lambda p, n, b, s: pat_steps.counts(p, n, s, gather=False),
+           cost=lambda p, n: pat_steps.terms(p, n, reducing=True))
+def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = None,
+        buffer_bytes: int = pat_steps.BUFFER_BYTES) -> None:
+    """PAT's reduce-scatter (Jeaugey 2025; NCCL 2.23): its all-gather
+    (:func:`colltutor.collectives.all_gather.pat`) backwards, message for message,
+    each copy a reduction (:mod:`~colltutor.collectives.pat_steps`).
+
+    At distance d = 1, 2, ..., 2^(L-1) (near first) a rank sends to rank+d its
+    partial results for the blocks at offsets d, 3d, 5d, ... from its own, packed
+    into a staging buffer of at most ``buffer_bytes``, and reduces rank-d's for
+    offsets 0, 2d, 4d, ... into its own: partial results for ever fewer blocks go
+    ever farther, until only its own block is left.  Transfers: ``ceil(lg p)``
+    while a distance's blocks fit the buffer; each rank sends and reduces
+    ``(p-1)/p n``.  Cost: ``ceil(lg p) alpha + ((p-1)/p) n (beta + gamma)`` for
+    small ``n``.  Partial results live in ``buf`` (in ``work``, a copy of ``buf``,
+    out of place), which the contract makes scratch; NCCL has only its input and
+    output and bounds them in its own buffers by ordering its parallel trees, which
+    is not modelled here.  Chapter 11, What NCCL Runs.
+    """
+    p, rank = comm.size, comm.rank
+    acc = buf if work is None else work
+    place(acc, buf)  # out of place: reduce a copy, buf stays as it was
+    columns, per, width = pat_steps.plan(buf.numel(), p, buf.element_size(),
+                                         buffer_bytes)
+    staging = comm.scratch(2 * width, buf)
+    for j in range(columns):
+        chunk = comm.column(columns, j).blocks(acc)
+        # 1. near distances first: my partial results at offsets d, 3d, ... go to
+        #    rank+d; rank-d's for offsets 0, 2d, ... are reduced into mine
+        for d in reversed(pat_steps.dimensions(p)):
+            for group in pat_steps.transfers(p, d, per):
+                pat_steps.transfer(comm, [chunk[(rank + d + t) % p] for t in group],
+                                   (rank + d) % p,
+                                   [chunk[(rank + t) % p] for t in group],
+                                   (rank - d) % p, staging, op)
+    ops.finish(op, comm.blocks(acc)[rank], p)
+
+
+@algorithm("reduce_scatter", chapter=11,
+           shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
+           counts=lambda p, n, b, s: ring_columns(p, n, s, 2, gather=False),
+           cost=lambda p, n: (p - 1, frac(p) * n, frac(p) * n))
+def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
+                       work: torch.Tensor | None = None, channels: int = 2) -> None:
+    """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
+    block, each step posting the messages of every ring together
+    (:func:`~colltutor.collectives.at_once.ring_reduce_scatter`).
+
+    Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link):
+    ``(p-1) alpha + ((p-1)/p) n (beta + gamma)``; NCCL splits every collective
+    between its channels (``NCCL_MIN_NCHANNELS``), each with its own thread block
+    and, where it can, its own links.  Chapter 11, What NCCL Runs.
+    """
+    # 1. every channel's ring, step by step, all channels in each step
+    at_once.ring_reduce_scatter([comm.column(channels, j) for j in range(channels)],
+                                buf, op, work)

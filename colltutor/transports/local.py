@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from colltutor.transports import Message
+from colltutor.transports import Handle, Message
 
 _CPU = torch.device("cpu")
 
@@ -45,7 +45,7 @@ class World:
         self.recvs: dict = collections.defaultdict(collections.deque)
 
     def offer(self, src: int, dst: int, tensor: torch.Tensor, sending: bool
-              ) -> _Handle:
+              ) -> Handle:
         handle = _Handle()
         with self.lock:
             mine, theirs = ((self.sends, self.recvs) if sending
@@ -78,7 +78,7 @@ class LocalTransport:
         self.world, self.rank, self.size = world, rank, world.size
         self.names, self.device = list(range(world.size)), _CPU
 
-    def post(self, sends: list[Message], recvs: list[Message]) -> list[_Handle]:
+    def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
         handles = [self.world.offer(peer, self.rank, t, False) for peer, t in recvs]
         return handles + [self.world.offer(self.rank, peer, t, True)
                           for peer, t in sends]

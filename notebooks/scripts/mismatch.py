@@ -6,6 +6,9 @@ timeout; with TORCH_DISTRIBUTED_DEBUG=DETAIL torch checks every collective's
 
     python mismatch.py                                # hangs, stopped after 3 s
     TORCH_DISTRIBUTED_DEBUG=DETAIL python mismatch.py # fails fast, says why
+
+It pins gloo: it shows what gloo does with CPU tensors (on GPUs, NCCL's own
+checks and watchdog report such a hang differently; Chapter 10).
 """
 
 import re
@@ -26,7 +29,7 @@ def mismatched() -> None:
 
 if __name__ == "__main__":
     try:
-        colltutor.run(mismatched, 2, timeout=3)
+        colltutor.run(mismatched, 2, timeout=3, backend="gloo")
     except colltutor.RankTimeoutError as error:
         print("hang:", error)
     except colltutor.RankError as error:

@@ -1,0 +1,341 @@
+"""Simulated clusters: which links a message crosses, and how fast they are.
+
+A topology numbers its ranks, lists its links and says which links a message from
+rank ``a`` to rank ``b`` crosses (:meth:`Star.route`, :meth:`RailCluster.route`).
+:func:`colltutor.simulate.simulate` hands it to SimGrid, whose network model shares
+every link among the messages crossing it at the same time.  This module is plain
+Python, so routes can be printed and tested without SimGrid.  The presets
+(:func:`topologies`):
+
+* ``"h100-node"``: 8 H100 GPUs on NVSwitch, 450 GB/s per GPU per direction;
+* ``"h100-cluster:N"``: N such nodes, one 400 Gb/s NIC per GPU, a rail-optimised
+  two-level fat tree; ``"h100-cluster-oversubscribed:N"``: its spine at 2:1;
+* ``"this-machine:P"``: P ranks sharing this machine's memory and cores, with the
+  alpha, beta and gamma that :func:`colltutor.cost.measure` fits here, so
+  simulation, model and measurement meet on the reader's own machine;
+* ``"star:P"``: P ranks on one ideal switch, 1 GB/s links and no latency, for
+  checking the simulator against closed forms.
+
+What Python cannot express of NCCL's GPU side (its LL, LL128 and Simple protocols,
+how fast a channel's thread blocks copy) enters as a :class:`Protocol`: a payload
+fraction of each link and a latency per hop, taken from NCCL's own tuning tables.
+The book's chapter on simulated clusters explains these models.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import types
+from dataclasses import dataclass
+
+GB = 1e9
+UP, DOWN = True, False
+"""A route's hop crosses a link up (from the rank's side) or down (towards it)."""
+
+Hop = tuple[str, bool]
+"""``(link name, UP or DOWN)``: one link of a route, in one direction."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A full-duplex link: ``bandwidth`` bytes/s each way, ``latency`` s a message."""
+
+    name: str
+    bandwidth: float
+    latency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How NCCL moves bytes over a link, as model parameters.
+
+    ``nvlink`` and ``net``: the fraction of an NVLink or NIC link's rate that
+    carries payload; ``nvlink_hop`` and ``net_hop``: seconds a message waits per
+    hop; ``launch``: seconds before a collective's first message.  The values are
+    NCCL's (``src/graph/topo.h``, ``src/graph/tuning.cc``): its channels' thread
+    blocks move 20.6 of an H100 NVLink's 25 GB/s (``SM90_NVLINK_BW``: the copy
+    rate of the SMs and NVLink's own packet overhead, which Python cannot
+    express, enter here); LL sends a flag with every 8 bytes of payload (half the
+    rate), LL128 one per 128 bytes (NCCL counts 0.92); Simple sends whole chunks
+    and waits for them (more latency).  NVIDIA quotes 46-48 GB/s for a 400 Gb/s
+    NIC (NVIDIA/nccl-tests issue 290).
+    """
+
+    name: str
+    nvlink: float
+    net: float
+    nvlink_hop: float
+    net_hop: float
+    launch: float
+
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
+    Protocol("ideal", 1.0, 1.0, 0.0, 0.0, 0.0),
+    Protocol("simple", 20.6 / 25, 47 / 50, 3.4e-6, 14e-6, 8.4e-6),
+    Protocol("ll128", 20.6 / 25 * 0.92, 47 / 50 * 0.92, 1.9e-6, 4.0e-6, 14e-6),
+    Protocol("ll", 20.6 / 25 * 0.5, 47 / 50 * 0.5, 0.6e-6, 2.7e-6, 6.6e-6),
+)}
+"""``ideal`` is the hardware's raw rate with no latency; the others are NCCL's."""
+
+NVLS_EFFICIENCY = 0.85
+"""The fraction of NVLink's payload rate that NVLink SHARP sustains on H100
+(NCCL's ``nvlsEfficiency`` for Hopper, ``src/graph/tuning.cc``)."""
+
+H100_GAMMA = 3 / 3.35e12
+"""Seconds per byte an H100 spends reducing (it reads two bytes and writes one at
+the 3.35 TB/s of its HBM3)."""
+
+
+@dataclass(frozen=True)
+class Star:
+    """``ranks`` ranks, each with its own link to one non-blocking switch.
+
+    A message crosses its sender's link up and its receiver's link down, so
+    ``latency`` (per message) is split between the two.  ``backbone``, when set,
+    is one more link that every message crosses: the switch's own capacity (on
+    one machine, the memory and cores that every copy shares).  ``nvls``: the
+    bytes/s per rank at which the switch itself can reduce (NVLink SHARP), or
+    ``None``.  ``gamma``: seconds per byte reduced on a rank; ``overhead``:
+    seconds a rank spends posting each message; ``launch``: seconds before the
+    first message; ``eager``: messages move before their receive is posted, into
+    buffers set up in advance, as NCCL's do (gloo waits for the receiver).
+    """
+
+    name: str
+    ranks: int
+    bandwidth: float
+    latency: float = 0.0
+    gamma: float = 0.0
+    backbone: float | None = None
+    nvls: float | None = None
+    overhead: float = 0.0
+    launch: float = 0.0
+    eager: bool = False
+    star = True
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Every rank is on one node, behind one switch (hierarchical algorithms read
+        it)."""
+        return self.ranks
+
+    def links(self) -> list[Link]:
+        own = [Link(f"rank{r}", self.bandwidth, self.latency / 2)
+               for r in range(self.ranks)]
+        return own + ([Link("backbone", self.backbone)] if self.backbone else [])
+
+    def up(self, rank: int) -> list[Hop]:
+        """The links from ``rank`` to the switch (a route is ``up(a)`` then the
+        reverse of ``up(b)``)."""
+        return [(f"rank{rank}", UP)] + ([("backbone", UP)] if self.backbone else [])
+
+    def route(self, src: int, dst: int) -> list[Hop]:
+        down = [(name, not way) for name, way in reversed(self.up(dst))]
+        return self.up(src) + [hop for hop in down if hop[0] != "backbone"]
+
+
+@dataclass(frozen=True)
+class RailCluster:
+    """``nodes`` nodes of ``gpus`` GPUs on NVLink, one NIC per GPU, rail-optimised.
+
+    GPU ``i`` of every node plugs into the leaf switches of rail ``i``, one leaf per
+    ``nodes_per_leaf`` nodes; a rail's leaves meet at its spine, through uplinks of
+    ``nodes_per_leaf * nic / oversubscription`` bytes/s per leaf and direction (the
+    spine's many links taken as one: a flow-level model).  Inside a node messages
+    take NVLink; between nodes they stay on one rail, as NCCL's PXN does: a message
+    from GPU ``i`` to GPU ``j`` of another node crosses NVLink to GPU ``j`` of its
+    own node, then rail ``j``.  The other fields are :class:`Star`'s.
+    """
+
+    name: str
+    nodes: int
+    gpus: int = 8
+    nvlink: float = 450 * GB
+    nvlink_latency: float = 0.0
+    nic: float = 50 * GB
+    nic_latency: float = 0.0
+    nodes_per_leaf: int = 32
+    oversubscription: float = 1.0
+    gamma: float = 0.0
+    overhead: float = 0.0
+    launch: float = 0.0
+    nvls: float | None = None
+    eager: bool = True
+    star = False
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.gpus
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus
+
+    @property
+    def leaves(self) -> int:
+        """Leaf switches per rail."""
+        return -(-self.nodes // self.nodes_per_leaf)
+
+    def links(self) -> list[Link]:
+        gpu = [Link(f"{kind}{r}", rate, latency / 2)
+               for kind, rate, latency in (("nvl", self.nvlink, self.nvlink_latency),
+                                           ("nic", self.nic, self.nic_latency))
+               for r in range(self.ranks)]
+        uplink = self.nodes_per_leaf * self.nic / self.oversubscription
+        return gpu + [Link(f"uplink{rail}.{leaf}", uplink) for rail in range(self.gpus)
+                      for leaf in range(self.leaves if self.leaves > 1 else 0)]
+
+    def route(self, src: int, dst: int) -> list[Hop]:
+        (a, i), (b, j) = divmod(src, self.gpus), divmod(dst, self.gpus)
+        if a == b:  # 1. inside a node: NVLink through the NVSwitch
+            return [(f"nvl{src}", UP), (f"nvl{dst}", DOWN)]
+        relay = a * self.gpus + j
+        # 2. PXN: over NVLink to the GPU on the receiver's rail
+        hops = [] if i == j else [(f"nvl{src}", UP), (f"nvl{relay}", DOWN)]
+        # 3. rail j: leaf, and the spine when the nodes hang off different leaves
+        leaf_a, leaf_b = a // self.nodes_per_leaf, b // self.nodes_per_leaf
+        spine = [(f"uplink{j}.{leaf_a}", UP), (f"uplink{j}.{leaf_b}", DOWN)]
+        return hops + [(f"nic{relay}", UP)] + (spine if leaf_a != leaf_b else []) + [
+            (f"nic{dst}", DOWN)]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """``ranks`` processes on one machine of ``cores`` cores, as ``colltutor.run``
+    starts them: every message is a copy through memory that all of them share.
+
+    A message alone takes ``alpha + n beta`` (a ping-pong's fit); messages at the
+    same time share that one ``1 / beta`` bytes/s (two ranks exchanging get half
+    each); reductions run at ``1 / gamma`` bytes/s on each core, the ranks taking
+    turns when there are more of them than cores.
+    """
+
+    name: str
+    ranks: int
+    alpha: float
+    beta: float
+    gamma: float
+    cores: int
+    overhead: float = 0.0
+    launch: float = 0.0
+    eager: bool = False
+    nvls: float | None = None
+    star = True
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks
+
+
+Topology = Star | RailCluster | Machine
+
+
+def h100_node(protocol: str = "simple") -> Star:
+    """8 H100 SXM GPUs on NVSwitch: 18 NVLink 4 links of 25 GB/s per GPU, 450 GB/s
+    per direction, with NVLink SHARP; ``protocol``: a key of :data:`PROTOCOLS`."""
+    proto = PROTOCOLS[protocol]
+    rate = 450 * GB * proto.nvlink
+    return Star(f"h100-node/{protocol}", 8, rate, proto.nvlink_hop, H100_GAMMA,
+                nvls=rate * NVLS_EFFICIENCY, launch=proto.launch, eager=True)
+
+
+def h100_cluster(nodes: int, oversubscription: float = 1.0,
+                 protocol: str = "simple") -> RailCluster:
+    """``nodes`` H100 nodes (:func:`h100_node`), a 400 Gb/s NIC per GPU on a
+    rail-optimised fat tree of 64-port switches (32 nodes per leaf, as in NVIDIA's
+    DGX SuperPOD), its spine oversubscribed ``oversubscription``:1."""
+    proto = PROTOCOLS[protocol]
+    name = "h100-cluster" + ("-oversubscribed" if oversubscription > 1 else "")
+    return RailCluster(f"{name}:{nodes}/{protocol}", nodes, 8, 450 * GB * proto.nvlink,
+                       proto.nvlink_hop, 50 * GB * proto.net, proto.net_hop,
+                       oversubscription=oversubscription, gamma=H100_GAMMA,
+                       launch=proto.launch)
+
+
+def this_machine(alpha: float | None = None, beta: float | None = None,
+                 gamma: float | None = None, ranks: int = 8,
+                 cores: int | None = None) -> Machine:
+    """``ranks`` ranks on this machine (:class:`Machine`): its cores, and the
+    alpha, beta and gamma given, or fitted once per process by
+    :func:`colltutor.cost.measure` (a few seconds)."""
+    from colltutor.runtime import cores as available
+
+    if alpha is None or beta is None or gamma is None:
+        fitted = _fitted()
+        alpha = fitted["alpha"] if alpha is None else alpha
+        beta = fitted["beta"] if beta is None else beta
+        gamma = fitted["gamma"] if gamma is None else gamma
+    return Machine(f"this-machine:{ranks}", ranks, alpha, beta, gamma,
+                   cores or available())
+
+
+@functools.cache
+def _fitted() -> dict[str, float]:
+    from colltutor import cost
+
+    return cost.measure()
+
+
+PRESETS = {
+    "h100-node": lambda n=None: h100_node(),
+    "h100-cluster": lambda n: h100_cluster(int(n)),
+    "h100-cluster-oversubscribed": lambda n: h100_cluster(int(n), oversubscription=2),
+    "this-machine": lambda n=None: this_machine(ranks=int(n or 8)),
+    "star": lambda n: Star(f"star:{n}", int(n), 1 * GB),
+}
+"""Name -> builder; a name may carry one argument after a colon (``"star:16"``)."""
+
+
+def topologies() -> list[str]:
+    """The preset names :func:`get` accepts (``N``: a number of nodes or ranks)."""
+    return ["h100-node", "h100-cluster:N", "h100-cluster-oversubscribed:N",
+            "this-machine", "this-machine:P", "star:P"]
+
+
+def get(topology: str | Topology, ranks: int | None = None) -> Topology:
+    """``topology`` itself, or the preset it names (see :func:`topologies`);
+    ``ranks`` sets the rank count of a preset that has no fixed one."""
+    if not isinstance(topology, str):
+        return topology
+    spec, _, protocol = topology.partition("/")
+    base, _, arg = spec.partition(":")
+    if base not in PRESETS:
+        raise ValueError(f"unknown topology {topology!r}; choose from "
+                         f"{', '.join(topologies())}")
+    if not arg and base in ("star", "this-machine") and ranks:
+        arg = str(ranks)
+    if not arg and base in ("star", "h100-cluster", "h100-cluster-oversubscribed"):
+        raise ValueError(f"{base} needs a size: {base}:N")
+    built = PRESETS[base](arg) if arg else PRESETS[base]()
+    if protocol:
+        return with_protocol(built, protocol)
+    return built
+
+
+def with_protocol(topology: Topology, protocol: str) -> Topology:
+    """An H100 preset with another NCCL protocol (a key of :data:`PROTOCOLS`)."""
+    if isinstance(topology, RailCluster):
+        return h100_cluster(topology.nodes, topology.oversubscription, protocol)
+    if topology.name.startswith("h100-node"):
+        return h100_node(protocol)
+    raise ValueError(f"{topology.name} has no NCCL protocols")
+
+
+class _Module(types.ModuleType):
+    """Lets the module itself be called: ``colltutor.topologies()`` lists the
+    presets, while ``colltutor.topologies.h100_cluster`` and the rest stay here."""
+
+    def __call__(self) -> list[str]:
+        return topologies()
+
+    def __reduce__(self):  # pickled by name, like any module (cloudpickle needs it)
+        return importlib.import_module, (self.__name__,)
+
+
+sys.modules[__name__].__class__ = _Module
+
+__all__ = ["GB", "H100_GAMMA", "NVLS_EFFICIENCY", "PROTOCOLS", "Link", "Machine",
+           "Protocol", "RailCluster", "Star", "Topology", "get", "h100_cluster",
+           "h100_node", "this_machine", "topologies", "with_protocol"]

@@ -1,0 +1,367 @@
+"""NCCL's rules on the CPU, for tests: what a run on GPUs would do, over gloo.
+
+With ``COLLTUTOR_EMULATE=nccl`` in the environment, a run that asks for NCCL (or
+``backend="auto"``) on a machine without enough GPUs joins a gloo group and then
+follows NCCL's rules wherever they change results or liveness, for colltutor's own
+messages (:class:`NcclRulesTransport`) and for native ``torch.distributed`` calls
+alike (:func:`install` patches them):
+
+* tags are ignored: the messages between two ranks match in the order posted;
+* each batch of sends and receives (one ``post``, one ``batch_isend_irecv``, one
+  unbatched ``isend``) is one NCCL group, and the groups of a process group run one
+  after another on its single stream, so an unbatched ``irecv`` then ``isend`` on
+  both ranks hangs as it does on GPUs; native collectives queue on the same stream;
+* ``wait()`` does not block the host: it makes the rank's "current stream" wait.
+  Received data becomes visible only when the current stream runs its next tensor
+  operation after that wait (on a GPU, a kernel or a copy to the host), or at
+  :func:`synchronize`; a read without a wait sees the old values;
+* native bitwise reductions are refused; floating-point AVG is computed as NCCL
+  computes it (every input times 1/p, then summed); the native barrier blocks the
+  host.
+
+What it does not model: speed, CUDA devices and memory, NVLink or network
+topology, NCCL's kernels, protocols and channels, and timeouts of NCCL's own
+watchdog (the runtime's timeout reports a hang instead).  Chapter 10 says more.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from colltutor.transports import Handle, Message
+from colltutor.transports.torch_dist import TorchTransport
+
+ENV = "COLLTUTOR_EMULATE"
+_BITWISE = {dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR}
+
+
+def requested() -> bool:
+    """Whether this process was asked to emulate NCCL (``COLLTUTOR_EMULATE=nccl``)."""
+    return os.environ.get(ENV, "").strip().lower() == "nccl"
+
+
+def active() -> bool:
+    """Whether NCCL's rules are in force in this process (:func:`install` ran)."""
+    return _native is not None
+
+
+class _Group:
+    """One NCCL group: its work runs on the stream; received data waits in staging
+    tensors until the host's stream has waited for the group and uses a tensor."""
+
+    def __init__(self, run: Callable[[], None],
+                 landing: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.run, self.landing = run, landing  # (destination, staging) pairs
+        self.done, self.error = threading.Event(), None
+        self.committed = False
+
+
+class _Stream:
+    """A process group's one stream: its groups run one after another."""
+
+    def __init__(self) -> None:
+        self.groups: queue.SimpleQueue[_Group] = queue.SimpleQueue()
+        self.last: _Group | None = None
+        threading.Thread(target=self._loop, daemon=True,
+                         name="colltutor-nccl-stream").start()
+
+    def enqueue(self, group: _Group) -> _Group:
+        self.last = group
+        self.groups.put(group)
+        return group
+
+    def _loop(self) -> None:
+        while True:
+            group = self.groups.get()
+            try:
+                group.run()
+            except BaseException as error:  # noqa: BLE001 (raised where it is read)
+                group.error = error
+            group.done.set()
+
+
+_streams: dict[int, _Stream] = {}
+_lock = threading.Lock()
+_waits = threading.local()  # the groups this thread's current stream waits for
+
+
+def _stream(group: dist.ProcessGroup) -> _Stream:
+    with _lock:
+        if id(group) not in _streams:
+            _streams[id(group)] = _Stream()
+        return _streams[id(group)]
+
+
+class Work:
+    """What a posted NCCL group hands back: ``wait()`` orders, it does not block."""
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+
+    def wait(self, timeout: Any = None) -> bool:
+        pending = _waits.__dict__.setdefault("groups", [])
+        pending.append(self.group)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.group.done.is_set()
+
+    def get_future(self) -> Any:  # what DDP-style callers may ask for
+        raise RuntimeError("the NCCL emulation has no futures")
+
+
+def _commit(group: _Group) -> None:
+    group.done.wait()
+    if group.error is not None:
+        raise RuntimeError(f"NCCL group failed: {group.error}") from group.error
+    with _lock:
+        if not group.committed:
+            for destination, staging in group.landing:
+                destination.copy_(staging)
+            group.committed = True
+
+
+def _catch_up() -> None:
+    """The current stream reaches what it waited for: wait, then make data visible."""
+    pending = _waits.__dict__.get("groups")
+    if pending:
+        _waits.groups = []
+        for group in pending:
+            _commit(group)
+
+
+def hand_over() -> list:
+    """What this thread's stream still waits for, taken off it so that another
+    thread can :func:`adopt` it (a CUDA event recorded on one stream and waited on
+    by another)."""
+    pending, _waits.groups = getattr(_waits, "groups", []), []
+    return pending
+
+
+def adopt(groups: list) -> None:
+    """Make this thread's stream wait for what another thread handed over."""
+    if groups:
+        _waits.__dict__.setdefault("groups", []).extend(groups)
+
+
+def synchronize() -> None:
+    """What ``torch.cuda.synchronize()`` does: every group posted so far completes
+    and its data becomes visible."""
+    _catch_up()
+    for stream in list(_streams.values()):
+        if stream.last is not None:  # groups run in order: the last one done, all are
+            stream.last.done.wait()
+    with _lock:
+        groups = list(_posted)
+    for group in groups:
+        if group.done.is_set():
+            _commit(group)
+
+
+_posted: list[_Group] = []  # the recent groups, for synchronize()
+
+
+class _StreamOrder(TorchFunctionMode):
+    """Every tensor operation on this thread first catches up with the groups its
+    stream waited for (on a GPU: a kernel or a copy queued after the wait)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(_waits, "groups", None):
+            _catch_up()
+        return func(*args, **(kwargs or {}))
+
+
+def enter_thread() -> None:
+    """Put this thread under NCCL's stream order (the main thread and colltutor's
+    worker threads; no-op unless :func:`active`)."""
+    if active() and not getattr(_waits, "mode", None):
+        _waits.mode = _StreamOrder()
+        _waits.mode.__enter__()
+
+
+def _post(group: dist.ProcessGroup, sends: list[Message], recvs: list[Message]
+          ) -> _Group:
+    """One group of point-to-point messages (group ranks), tags ignored."""
+    sends = [(peer, t.detach().clone()) for peer, t in sends]  # read when queued
+    landing = [(t, torch.empty_like(t)) for _, t in recvs]
+
+    def run() -> None:
+        works = [group.recv([staging], peer, 0)
+                 for (peer, _), (_, staging) in zip(recvs, landing)]
+        works += [group.send([t], peer, 0) for peer, t in sends]
+        for work in works:
+            work.wait()
+
+    return _queue(group, run, landing)
+
+
+def _queue(group: dist.ProcessGroup, run: Callable[[], None],
+           landing: list[tuple[torch.Tensor, torch.Tensor]]) -> _Group:
+    queued = _Group(run, landing)
+    with _lock:
+        _posted.append(queued)
+        del _posted[:-256]  # synchronize() needs only the recent ones
+    return _stream(group).enqueue(queued)
+
+
+class NcclRulesTransport(TorchTransport):
+    """colltutor's messages on a gloo group, under NCCL's rules."""
+
+    def __init__(self, group: dist.ProcessGroup, rank: int, names: list[int],
+                 backend: str, tag: int = 0) -> None:
+        super().__init__(group, rank, names, backend, tag)
+        self.batched = True
+
+    def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
+        if not sends and not recvs:
+            return []
+        work = Work(_post(self.group, _real(sends), _real(recvs)))
+        return [work] * (len(sends) + len(recvs))
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        raise RuntimeError("NCCL cannot receive from an unspecified source")
+
+
+def _real(messages: list[Message]) -> list[Message]:
+    """Complex tensors travel as their real view, as ``torch.distributed`` does."""
+    return [(peer, torch.view_as_real(t) if t.is_complex() else t)
+            for peer, t in messages]
+
+
+# -- native torch.distributed under NCCL's rules ----------------------------------
+
+_native: dict[str, Callable] | None = None
+
+_WRITTEN = {  # argument positions (or names) that a collective writes
+    "all_reduce": ["tensor"], "broadcast": ["tensor"], "reduce": ["tensor"],
+    "all_gather": ["tensor_list"], "all_gather_into_tensor": ["output_tensor"],
+    "reduce_scatter": ["output"], "reduce_scatter_tensor": ["output"],
+    "all_to_all": ["output_tensor_list"], "all_to_all_single": ["output"],
+    "gather": ["gather_list"], "scatter": ["tensor"],
+}
+
+
+def install() -> None:
+    """Apply NCCL's rules to this process's ``torch.distributed`` calls and put the
+    calling thread under stream order.  Once per process."""
+    global _native
+    if _native is not None:
+        return
+    import inspect
+
+    _native = {name: getattr(dist, name) for name in (
+        *_WRITTEN, "barrier", "isend", "irecv", "send", "recv", "batch_isend_irecv")}
+    rules = {name: _collective(name, fn, inspect.signature(fn))
+             for name, fn in _native.items() if name in _WRITTEN}
+    rules.update(isend=_isend, irecv=_irecv, send=_send, recv=_recv,
+                 batch_isend_irecv=_batch, barrier=_barrier)
+    for name, fn in rules.items():  # both spellings: P2POp checks the module's own
+        setattr(dist, name, fn)
+        setattr(dist.distributed_c10d, name, fn)
+    enter_thread()
+
+
+def _isend(tensor, dst=None, group=None, tag=0, group_dst=None) -> Work:
+    return Work(_post(_pg(group), [(_peer(group, dst, group_dst), tensor)], []))
+
+
+def _send(tensor, dst=None, group=None, tag=0, group_dst=None) -> None:
+    _isend(tensor, dst, group, tag, group_dst).wait()
+
+
+def _pg(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return group if group is not None else dist.group.WORLD
+
+
+def _peer(group, rank: int | None, group_rank: int | None) -> int:
+    if group_rank is not None:
+        return group_rank
+    return dist.get_group_rank(_pg(group), rank)
+
+
+def _irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    if src is None and group_src is None:
+        raise RuntimeError("NCCL does not support receiving from any source")
+    return Work(_post(_pg(group), [], [(_peer(group, src, group_src), tensor)]))
+
+
+def _recv(tensor, src=None, group=None, tag=0, group_src=None) -> int:
+    _irecv(tensor, src, group, tag, group_src).wait()
+    return src if src is not None else dist.get_global_rank(_pg(group), group_src)
+
+
+def _batch(p2p_op_list: list) -> list[Work]:
+    group = _pg(p2p_op_list[0].group)
+    sends = [(_peer(op.group, op.peer, None), op.tensor) for op in p2p_op_list
+             if op.op in (_isend, _native["isend"])]
+    recvs = [(_peer(op.group, op.peer, None), op.tensor) for op in p2p_op_list
+             if op.op in (_irecv, _native["irecv"])]
+    return [Work(_post(group, sends, recvs))] * len(p2p_op_list)
+
+
+def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
+    """NCCL's barrier blocks the host until every rank has arrived."""
+    synchronize()
+    return _native["barrier"](group=group, async_op=async_op)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _collective(name: str, fn: Callable, signature: Any) -> Callable:
+    """``fn`` queued on the group's stream: its outputs land in staging tensors that
+    become visible after a wait, as every other group's."""
+    @functools.wraps(fn)
+    def queued(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        op = a.get("op")
+        if op in _BITWISE:
+            raise RuntimeError(f"Cannot use ReduceOp.{str(op).split('.')[-1]} "
+                               "with NCCL")
+        outputs = [t for arg in _WRITTEN[name] if a.get(arg) is not None
+                   for t in _tensors(a[arg])]
+        landing = [(t, t.detach().clone()) for t in outputs]
+        staged = dict(a, async_op=False)
+        for arg in _WRITTEN[name]:
+            if a.get(arg) is not None:
+                lookup = {id(t): s for t, s in landing}
+                value = a[arg]
+                staged[arg] = ([lookup[id(t)] for t in value]
+                               if isinstance(value, (list, tuple))
+                               else lookup[id(value)])
+        inputs = {k: v.detach().clone() if isinstance(v, torch.Tensor) and
+                  k not in _WRITTEN[name] else v for k, v in staged.items()}
+        if op == dist.ReduceOp.AVG and outputs and outputs[0].is_floating_point():
+            # NCCL: every input times 1/p, then a sum
+            size = dist.get_world_size(_pg(a.get("group")))
+            for value in inputs.values():
+                for t in _tensors(value):
+                    if isinstance(t, torch.Tensor):
+                        t.mul_(1.0 / size)
+            inputs["op"] = dist.ReduceOp.SUM
+        if name == "reduce" and dist.get_rank() != _root(a):
+            landing = []  # NCCL leaves non-root buffers as they were
+        group = _queue(_pg(a.get("group")), lambda: fn(**inputs), landing)
+        work = Work(group)
+        return work if a.get("async_op") else work.wait() and None
+
+    return queued
+
+
+def _root(arguments: dict) -> int:
+    if arguments.get("group_dst") is not None:
+        return dist.get_global_rank(_pg(arguments.get("group")),
+                                    arguments["group_dst"])
+    return arguments.get("dst", 0) or 0

@@ -1,0 +1,371 @@
+"""Ranks as SimGrid actors: a simulated cluster under :class:`~colltutor.p2p.Comm`.
+
+SimGrid (Casanova et al., "Versatile, scalable, and accurate simulation of
+distributed applications and platforms", JPDC 74(10), 2014) runs Python functions
+as *actors* on the hosts of a simulated platform and moves their messages over the
+platform's links with a flow-level network model: a message takes the latency of
+its route, then every link it crosses is shared fairly (max-min) among the messages
+crossing it at the same time.  Here each rank is an actor running the same algorithm
+functions as on gloo; a message is a SimGrid communication of the tensor's size
+between two mailboxes, one mailbox per (sender, receiver) so that messages match in
+posting order, as NCCL's do.  A reduction costs ``gamma`` seconds per byte of the
+rank's host (:func:`run` charges every :func:`colltutor.ops.combine`).
+
+Tensors may be ``meta`` tensors (shapes, no memory): nothing is copied and every
+reduction is free for torch, so a thousand ranks fit in memory.  With real tensors
+a send carries a copy taken when it is posted and the receive copies it in, so
+results are exact.  SimGrid keeps one simulation per process: call
+:func:`colltutor.simulate.simulate`, which runs each one in a fresh rank process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from colltutor import ops
+from colltutor.topologies import DOWN, UP, Link
+from colltutor.transports import Handle, Message
+
+INSTALL = (
+    "SimGrid's Python module is not installed.  On Debian or Ubuntu: `make simgrid` "
+    "(as root it runs `apt-get install python3-simgrid` and links the module into "
+    ".venv); on other systems `pip install simgrid` builds it from source (cmake, "
+    "boost and a C++ compiler, many minutes).  See the README, 'Simulated clusters'."
+)
+
+CONFIG = (
+    "--cfg=contexts/factory:thread",  # Python actors need threads
+    "--cfg=network/model:CM02",       # max-min sharing, no TCP correction factors
+    "--cfg=network/crosstraffic:0",   # no acknowledgements flowing back
+    "--cfg=network/TCP-gamma:0",      # no TCP window capping a message's rate
+    "--log=root.thresh:critical",
+    "--log=ker_engine.app:file:/dev/null",  # deadlocks are reported by run()
+    "--log=ker_engine.add:no",
+)
+"""SimGrid's settings, links as in the alpha-beta model, shared fairly, nothing
+else (its default models TCP's quirks, which NVLink and InfiniBand do not have)."""
+
+
+class SimGridMissing(RuntimeError):
+    """SimGrid's Python module is not installed (the message says how to)."""
+
+    def __init__(self) -> None:
+        super().__init__(INSTALL)
+
+
+def available() -> bool:
+    """Whether SimGrid's Python module can be imported (without importing it)."""
+    return importlib.util.find_spec("simgrid") is not None
+
+
+def load() -> Any:
+    """The ``simgrid`` module; importing it prints a line on stderr, kept quiet."""
+    if "simgrid" in sys.modules:
+        return sys.modules["simgrid"]
+    if not available():
+        raise SimGridMissing()
+    with _quiet(2):
+        import simgrid
+    return simgrid
+
+
+def clock() -> float:
+    """Simulated seconds since the simulation began."""
+    return load().Engine.clock
+
+
+@contextlib.contextmanager
+def _quiet(fd: int) -> Iterator[None]:
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+class _Send:
+    def __init__(self, world: World, activity: Any) -> None:
+        self.world, self.activity = world, activity
+
+    def wait(self) -> None:
+        self.world.settle()
+        self.activity.wait()
+
+    def is_completed(self) -> bool:
+        return self.activity.test()
+
+
+class _Recv:
+    def __init__(self, world: World, activity: Any, data: Any, into: torch.Tensor
+                 ) -> None:
+        self.world, self.activity, self.data, self.into = world, activity, data, into
+
+    def wait(self) -> None:
+        if self.into is None:
+            return
+        self.world.settle()
+        self.activity.wait()
+        sent, into, self.into = self.data.get(), self.into, None
+        if sent.numel() != into.numel() or sent.dtype != into.dtype:
+            raise RuntimeError(f"a {sent.numel()} x {sent.dtype} message cannot land "
+                               f"in a {into.numel()} x {into.dtype} tensor")
+        if not into.is_meta:
+            into.copy_(sent)
+
+    def is_completed(self) -> bool:
+        if self.into is not None and self.activity.test():
+            self.wait()
+        return self.into is None
+
+
+class World:
+    """What the ranks of one simulation share: the mailboxes, one per (sender,
+    receiver), and the count of messages and bytes sent.
+
+    ``eager``: a message moves as soon as it is sent, into a buffer its receiver set
+    up beforehand (NCCL's channels); otherwise it waits for the receiver to post
+    its receive (gloo's TCP transport is receiver-driven)."""
+
+    def __init__(self, sg: Any, size: int, overhead: float = 0.0,
+                 eager: bool = False) -> None:
+        self.sg, self.size, self.overhead, self.eager = sg, size, overhead, eager
+        self.actors: list[Any] = []
+        self.boxes: dict[tuple[int, int], Any] = {}
+        self.messages = self.bytes = 0
+        self.owed = threading.local()  # bytes reduced, not yet charged, per actor
+
+    def owe(self, nbytes: int) -> None:
+        """A reduction of ``nbytes`` happened on this actor; :meth:`settle` charges
+        it (once per step rather than once per block: each charge is a simcall)."""
+        self.owed.bytes = getattr(self.owed, "bytes", 0) + nbytes
+
+    def settle(self) -> None:
+        """Spend the reductions owed at this host's speed, before the next message
+        is posted or waited for."""
+        owed = getattr(self.owed, "bytes", 0)
+        if owed:
+            self.owed.bytes = 0
+            self.sg.this_actor.execute(owed)
+
+    def box(self, src: int, dst: int) -> Any:
+        found = self.boxes.get((src, dst))
+        if found is None:
+            found = self.boxes[src, dst] = self.sg.Mailbox.by_name(f"{src}>{dst}")
+            if self.eager:
+                found.set_receiver(self.actors[dst])
+        return found
+
+
+class SimTransport:
+    """One rank of a :class:`World`: posts become SimGrid communications."""
+
+    def __init__(self, world: World, rank: int, device: torch.device) -> None:
+        self.world, self.rank, self.size = world, rank, world.size
+        self.names, self.device = list(range(world.size)), device
+
+    def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
+        world = self.world
+        world.settle()
+        handles: list[Handle] = []
+        for peer, tensor in recvs:
+            activity, data = world.box(peer, self.rank).get_async()
+            handles.append(_Recv(world, activity, data, tensor))
+        for peer, tensor in sends:
+            if world.overhead:  # the sender's CPU time per message, one after another
+                world.sg.this_actor.sleep_for(world.overhead)
+            payload = tensor if tensor.is_meta else tensor.clone()
+            nbytes = tensor.numel() * tensor.element_size()
+            handles.append(_Send(world, world.box(self.rank, peer).put_async(payload,
+                                                                              nbytes)))
+            world.messages += 1
+            world.bytes += nbytes
+        return handles
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        raise RuntimeError("the simulated transport has no receive from any source")
+
+
+def platform(sg: Any, engine: Any, topology: Any, switch: bool = False
+             ) -> list[Any]:
+    """Build ``topology`` (:mod:`colltutor.topologies`) as SimGrid's platform; its
+    hosts in rank order, then the switch's when ``switch`` (NVLink SHARP).
+
+    A star is a star zone: a route is the sender's links up, the receiver's down.
+    Anything else lists the route of every pair (p squared of them), which SimGrid
+    reads fastest from XML (1,024 ranks: about 5 s)."""
+    speed = 1 / topology.gamma if topology.gamma else 1e18  # bytes reduced a second
+    if not topology.star:
+        return _full(sg, engine, topology, speed)
+    zone = sg.NetZone.create_star_zone("cluster")
+    if hasattr(topology, "cores"):  # one machine: every rank on its one host
+        return _machine(sg, zone, topology, speed)
+    links = {}
+    for link in topology.links() + ([_sharp(topology)] if switch else []):
+        made = zone.create_split_duplex_link(link.name, link.bandwidth)
+        links[link.name] = made.set_latency(link.latency).seal()
+    way = {UP: sg.LinkInRoute.Direction.UP, DOWN: sg.LinkInRoute.Direction.DOWN}
+    hosts = [zone.create_host(f"rank{r}", speed).seal() for r in range(topology.ranks)]
+    if switch:  # its reducer and its multicaster run there, no speed limit
+        hosts.append(zone.create_host("switch", 1e18).seal())
+    for r, host in enumerate(hosts):
+        up = [("sharp", UP)] if r == topology.ranks else topology.up(r)
+        zone.add_route(host.netpoint, None, None, None,
+                       [sg.LinkInRoute(links[name], way[w]) for name, w in up], True)
+    zone.seal()
+    return hosts
+
+
+def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
+    """All ranks on one host of ``cores`` cores; every message crosses its one
+    shared ``memory`` link (a copy through memory)."""
+    host = zone.create_host("machine", speed)
+    host.core_count = machine.cores
+    host.seal()
+    memory = zone.create_link("memory", 1 / machine.beta).set_latency(machine.alpha)
+    zone.add_route(host.netpoint, host.netpoint, None, None,
+                   [sg.LinkInRoute(memory.seal())], False)
+    zone.seal()
+    return [host] * machine.ranks
+
+
+def _full(sg: Any, engine: Any, topology: Any, speed: float) -> list[Any]:
+    import tempfile
+
+    p, links = topology.ranks, topology.links()
+    ctn = {(link.name, w): f'<link_ctn id="{link.name}" direction="{d}"/>'
+           for link in links for w, d in ((UP, "UP"), (DOWN, "DOWN"))}
+    with tempfile.NamedTemporaryFile("w", suffix=".xml") as f:
+        f.write('<?xml version="1.0"?>\n<!DOCTYPE platform SYSTEM '
+                '"https://simgrid.org/simgrid.dtd">\n<platform version="4.1">'
+                '<zone id="cluster" routing="Full">\n')
+        f.writelines(f'<host id="rank{r}" speed="{speed!r}f"/>\n' for r in range(p))
+        f.writelines(f'<link id="{link.name}" bandwidth="{link.bandwidth!r}Bps" '
+                     f'latency="{link.latency!r}s" sharing_policy="SPLITDUPLEX"/>\n'
+                     for link in links)
+        for a in range(p):
+            f.writelines(f'<route src="rank{a}" dst="rank{b}" symmetrical="NO">'
+                         f'{"".join(map(ctn.__getitem__, topology.route(a, b)))}'
+                         "</route>\n" for b in range(p) if b != a)
+        f.write("</zone></platform>\n")
+        f.flush()
+        engine.load_platform(f.name)
+    return [sg.Host.by_name(f"rank{r}") for r in range(p)]
+
+
+def _sharp(topology: Any) -> Any:
+    """The switch's own link for NVLink SHARP: all ranks' reductions at ``nvls``."""
+    if not topology.star or not topology.nvls:
+        raise ValueError(f"{topology.name} has no switch that reduces (NVLink SHARP)")
+    return Link("sharp", topology.ranks * topology.nvls)
+
+
+@dataclass
+class Outcome:
+    """What one simulation gives back."""
+
+    seconds: float
+    """Simulated time until the last rank finished."""
+    results: list[Any]
+    """Each rank's return value."""
+    messages: int
+    bytes: int
+    wall: float
+    """Real seconds the simulation took."""
+    build: float
+    """Real seconds building the platform took (p squared routes on a cluster)."""
+
+
+class SimulationError(RuntimeError):
+    """A rank raised, or the ranks deadlocked, inside a simulation."""
+
+
+def run(topology: Any, program: Callable[..., Any], device: torch.device,
+        switch: Callable[..., Any] | None = None,
+        observer: Callable[[int], Any] | None = None) -> Outcome:
+    """Run ``program(comm)`` as every rank of ``topology`` (and ``switch(comm)`` as
+    two more ranks on the switch, for NVLink SHARP); once per process.
+
+    ``observer(rank)``, when given, makes an observer (a trace recorder) that sees
+    every step of that rank (:func:`colltutor.p2p.observe`).
+    """
+    from colltutor import p2p
+
+    sg = load()
+    engine = sg.Engine(["colltutor", *CONFIG])
+    start = time.perf_counter()
+    hosts = platform(sg, engine, topology, switch is not None)
+    built = time.perf_counter() - start
+    hosts += hosts[-1:] if switch else []  # the switch's second actor
+    world = World(sg, len(hosts), topology.overhead, topology.eager)
+    results: list[Any] = [None] * len(hosts)
+    finished: list[float | None] = [None] * len(hosts)
+    comms: list[Any] = [None] * len(hosts)
+    failures: dict[int, str] = {}
+
+    def actor(rank: int) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                if observer is not None:
+                    stack.enter_context(p2p.observe(observer(rank)))
+                comm = comms[rank] = p2p.Comm(transport=SimTransport(world, rank,
+                                                                     device))
+            if topology.launch:
+                sg.this_actor.sleep_for(topology.launch)
+            body = program if rank < topology.ranks else switch
+            results[rank] = body(comm)
+            world.settle()
+            finished[rank] = sg.Engine.clock
+        except sg.ActorKilled:
+            raise
+        except BaseException:  # noqa: BLE001 (reported by run, after the others stop)
+            failures[rank] = traceback.format_exc()
+            sg.Actor.kill_all()
+
+    world.actors = [sg.Actor.create(f"rank{rank}", host, actor, rank)
+                    for rank, host in enumerate(hosts)]
+    start = time.perf_counter()
+    with _charging(world, topology.gamma):
+        engine.run()
+    wall = time.perf_counter() - start
+    if failures:
+        rank, text = min(failures.items())
+        raise SimulationError(f"simulated rank {rank} failed:\n{text}")
+    stuck = [r for r, t in enumerate(finished) if t is None]
+    if stuck:
+        where = "; ".join(f"rank {r} in {comms[r].phase or 'send/recv'} step "
+                          f"{comms[r].steps}" for r in stuck[:8] if comms[r])
+        raise SimulationError(f"deadlock: {len(stuck)} simulated rank(s) never "
+                              f"finished ({where})")
+    return Outcome(max(finished, default=0.0), results, world.messages, world.bytes,
+                   wall, built)
+
+
+@contextlib.contextmanager
+def _charging(world: World, gamma: float) -> Iterator[None]:
+    """Make every :func:`colltutor.ops.combine` cost its bytes at the host's speed
+    (``1 / gamma`` bytes a second), for the simulation's process only."""
+    combine = ops.combine
+
+    def charged(op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
+        combine(op, acc, incoming)
+        world.owe(acc.numel() * acc.element_size())
+
+    ops.combine = charged if gamma else combine
+    try:
+        yield
+    finally:
+        ops.combine = combine
