@@ -1,7 +1,7 @@
 """How fast the simulator is, and how close it comes to measurements.
 
     .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 256 1024] [--size 1M]
-    .venv/bin/python benchmarks/bench_simulate.py --fidelity [--skip-machine]
+    .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink latency machine]
 
 Speed (the default): every all-reduce algorithm, and PAT's all-gather and
 reduce-scatter, on ``h100-cluster`` presets of 64, 256 and 1,024 GPUs: simulated
@@ -138,7 +138,7 @@ def machine_fidelity(sizes: list[int], ranks: list[int]) -> None:
           "alpha-beta-gamma formula (independent links)")
     print(f"# {'p':>3} {'size':>8} {'measured us':>12} {'simulated':>10} "
           f"{'model':>10} {'sim/meas':>8} {'model/meas':>10}")
-    options = {"iters": 5, "warmup": 2, "memory": False, "check": False,
+    options = {"iters": 20, "warmup": 3, "memory": False, "check": False,
                "dtype": "float32", "op": "sum"}
     for p in ranks:
         measured = {row["bytes"]: row["time_us"] for row in
@@ -162,15 +162,17 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=2_200_000,
                     help="skip runs that send more messages than this")
     ap.add_argument("--algorithms", nargs="*", help="only these (default: all)")
-    ap.add_argument("--fidelity", action="store_true")
-    ap.add_argument("--skip-machine", action="store_true",
-                    help="with --fidelity: no measured runs on this machine")
+    ap.add_argument("--fidelity", nargs="*", choices=["nvlink", "latency", "machine"],
+                    help="compare with measurements (default: all three parts)")
     args = ap.parse_args()
     start = time.perf_counter()
-    if args.fidelity:
-        nvlink_fidelity()
-        latency_fidelity([8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10)
-        if not args.skip_machine:
+    parts = args.fidelity or ["nvlink", "latency", "machine"]
+    if args.fidelity is not None:
+        if "nvlink" in parts:
+            nvlink_fidelity()
+        if "latency" in parts:
+            latency_fidelity([8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10)
+        if "machine" in parts:
             machine_fidelity([64 << 10, 1 << 20, 16 << 20], [2, 4, 8])
     else:
         speed(args.ranks, args.size, args.budget, args.algorithms)

@@ -97,8 +97,8 @@ class Star:
     is one more link that every message crosses: the switch's own capacity (on
     one machine, the memory and cores that every copy shares).  ``nvls``: the
     bytes/s per rank at which the switch itself can reduce (NVLink SHARP), or
-    ``None``.  ``gamma``: seconds per byte reduced on a rank; ``overhead``:
-    seconds a rank spends posting each message; ``launch``: seconds before the
+    ``None``.  ``gamma``: seconds per byte reduced on a rank; ``overhead``: CPU
+    seconds a message costs its sender and its receiver; ``launch``: seconds before the
     first message; ``eager``: messages move before their receive is posted, into
     buffers set up in advance, as NCCL's do (gloo waits for the receiver).
     """
@@ -204,12 +204,14 @@ class RailCluster:
 @dataclass(frozen=True)
 class Machine:
     """``ranks`` processes on one machine of ``cores`` cores, as ``colltutor.run``
-    starts them: every message is a copy through memory that all of them share.
+    starts them: every message is a copy through the memory they all share, and
+    their CPU time comes from the same cores.
 
-    A message alone takes ``alpha + n beta`` (a ping-pong's fit); messages at the
-    same time share that one ``1 / beta`` bytes/s (two ranks exchanging get half
-    each); reductions run at ``1 / gamma`` bytes/s on each core, the ranks taking
-    turns when there are more of them than cores.
+    A message alone takes ``alpha + n beta`` (a ping-pong's fit): ``alpha / 2`` of
+    CPU time at each end (:attr:`overhead`) and ``n`` bytes through memory at
+    ``1 / beta`` bytes/s, which messages at the same time share (two ranks
+    exchanging get half each).  Reductions run at ``1 / gamma`` bytes/s on a core.
+    With more ranks than cores, the ranks take turns on them.
     """
 
     name: str
@@ -218,11 +220,15 @@ class Machine:
     beta: float
     gamma: float
     cores: int
-    overhead: float = 0.0
     launch: float = 0.0
     eager: bool = False
     nvls: float | None = None
     star = True
+
+    @property
+    def overhead(self) -> float:
+        """CPU seconds a message costs its sender, and again its receiver."""
+        return self.alpha / 2
 
     @property
     def ranks_per_node(self) -> int:

@@ -233,8 +233,9 @@ def test_64_meta_ranks_and_a_timeline():
 @needs_simgrid
 def test_a_star_meets_the_cost_model_and_a_machine_shares_its_memory():
     """With alpha, beta, gamma given, a ring on a star takes what the cost model
-    predicts; on one machine the p messages of a step share one memory (p n/p
-    beta a step) and 4 ranks take turns on 2 cores to reduce."""
+    predicts.  On one machine the p messages of a step share one memory (p n/p
+    beta a step), and 4 ranks take turns on 2 cores for the CPU time of their
+    messages (alpha/2 at each end) and for their reductions."""
     from colltutor import cost
 
     p, n, alpha, beta, gamma = 4, 1 << 20, 50e-6, 1e-9, 0.5e-9
@@ -244,7 +245,9 @@ def test_a_star_meets_the_cost_model_and_a_machine_shares_its_memory():
     assert star.seconds == pytest.approx(model, rel=0.02)
     machine = topologies.this_machine(alpha, beta, gamma, ranks=p, cores=2)
     shared = colltutor.simulate("all_reduce", n, machine, "ring")
-    want = 2 * (p - 1) * (alpha + n * beta) + (p - 1) * n / p * gamma * (p / 2)
+    turns = p / 2  # ranks per core
+    want = (2 * (p - 1) * (alpha * turns + n * beta)
+            + (p - 1) * n / p * gamma * turns)
     assert shared.correct and shared.seconds == pytest.approx(want, rel=0.01)
 
 

@@ -119,6 +119,7 @@ class _Recv:
             return
         self.world.settle()
         self.activity.wait()
+        self.world.busy(1)  # the receiver's share of the message's CPU time
         sent, into, self.into = self.data.get(), self.into, None
         if sent.numel() != into.numel() or sent.dtype != into.dtype:
             raise RuntimeError(f"a {sent.numel()} x {sent.dtype} message cannot land "
@@ -140,22 +141,30 @@ class World:
     up beforehand (NCCL's channels); otherwise it waits for the receiver to post
     its receive (gloo's TCP transport is receiver-driven)."""
 
-    def __init__(self, sg: Any, size: int, overhead: float = 0.0,
+    def __init__(self, sg: Any, size: int, speed: float, overhead: float = 0.0,
                  eager: bool = False) -> None:
-        self.sg, self.size, self.overhead, self.eager = sg, size, overhead, eager
+        self.sg, self.size, self.speed = sg, size, speed
+        self.overhead, self.eager = overhead, eager
         self.actors: list[Any] = []
         self.boxes: dict[tuple[int, int], Any] = {}
         self.messages = self.bytes = 0
-        self.owed = threading.local()  # bytes reduced, not yet charged, per actor
+        self.owed = threading.local()  # work not yet charged, per actor
 
-    def owe(self, nbytes: int) -> None:
+    def owe(self, nbytes: float) -> None:
         """A reduction of ``nbytes`` happened on this actor; :meth:`settle` charges
         it (once per step rather than once per block: each charge is a simcall)."""
         self.owed.bytes = getattr(self.owed, "bytes", 0) + nbytes
 
+    def busy(self, messages: int) -> None:
+        """Spend the CPU time of ``messages`` messages on this actor's host, whose
+        cores its other actors share (one machine's ranks)."""
+        if self.overhead and messages:
+            self.owe(self.overhead * self.speed * messages)
+            self.settle()
+
     def settle(self) -> None:
-        """Spend the reductions owed at this host's speed, before the next message
-        is posted or waited for."""
+        """Spend what this actor owes (reductions, messages' CPU time) at its host's
+        speed, before its next message is posted or waited for."""
         owed = getattr(self.owed, "bytes", 0)
         if owed:
             self.owed.bytes = 0
@@ -179,14 +188,13 @@ class SimTransport:
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
         world = self.world
+        world.busy(len(sends))  # the senders' share of the messages' CPU time
         world.settle()
         handles: list[Handle] = []
         for peer, tensor in recvs:
             activity, data = world.box(peer, self.rank).get_async()
             handles.append(_Recv(world, activity, data, tensor))
         for peer, tensor in sends:
-            if world.overhead:  # the sender's CPU time per message, one after another
-                world.sg.this_actor.sleep_for(world.overhead)
             payload = tensor if tensor.is_meta else tensor.clone()
             nbytes = tensor.numel() * tensor.element_size()
             handles.append(_Send(world, world.box(self.rank, peer).put_async(payload,
@@ -231,11 +239,12 @@ def platform(sg: Any, engine: Any, topology: Any, switch: bool = False
 
 def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
     """All ranks on one host of ``cores`` cores; every message crosses its one
-    shared ``memory`` link (a copy through memory)."""
+    shared ``memory`` link (a copy through memory); its latency is CPU time
+    (:attr:`~colltutor.topologies.Machine.overhead`)."""
     host = zone.create_host("machine", speed)
     host.core_count = machine.cores
     host.seal()
-    memory = zone.create_link("memory", 1 / machine.beta).set_latency(machine.alpha)
+    memory = zone.create_link("memory", 1 / machine.beta)
     zone.add_route(host.netpoint, host.netpoint, None, None,
                    [sg.LinkInRoute(memory.seal())], False)
     zone.seal()
@@ -310,7 +319,8 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
     hosts = platform(sg, engine, topology, switch is not None)
     built = time.perf_counter() - start
     hosts += hosts[-1:] if switch else []  # the switch's second actor
-    world = World(sg, len(hosts), topology.overhead, topology.eager)
+    speed = 1 / topology.gamma if topology.gamma else 1e18
+    world = World(sg, len(hosts), speed, topology.overhead, topology.eager)
     results: list[Any] = [None] * len(hosts)
     finished: list[float | None] = [None] * len(hosts)
     comms: list[Any] = [None] * len(hosts)
