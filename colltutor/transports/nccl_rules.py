@@ -128,6 +128,7 @@ def _commit(group: _Group) -> None:
             for destination, staging in group.landing:
                 destination.copy_(staging)
             group.committed = True
+            _posted.remove(group)
 
 
 def _catch_up() -> None:
@@ -167,7 +168,7 @@ def synchronize() -> None:
             _commit(group)
 
 
-_posted: list[_Group] = []  # the recent groups, for synchronize()
+_posted: list[_Group] = []  # groups whose data is not visible yet, for synchronize()
 
 
 class _StreamOrder(TorchFunctionMode):
@@ -209,7 +210,6 @@ def _queue(group: dist.ProcessGroup, run: Callable[[], None],
     queued = _Group(run, landing)
     with _lock:
         _posted.append(queued)
-        del _posted[:-256]  # synchronize() needs only the recent ones
     return _stream(group).enqueue(queued)
 
 
