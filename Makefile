@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system simgrid book notebooks test test-nccl-rules lint clean
+.PHONY: setup system simgrid book notebooks test test-nccl-rules torch-suite lint clean
 
 setup: $(VENV)/.installed
 
@@ -70,9 +70,14 @@ NBVAL := --nbval notebooks/ --nbval-current-env \
 	  --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=120
 
 test: setup system simgrid lint book
-	$(BIN)/pytest -q tests/
+	COLLTUTOR_TORCH_SUITE=full $(BIN)/pytest -q tests/
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider
 	$(MAKE) --no-print-directory test-nccl-rules
+
+# PyTorch's own DistributedTest collective tests, all of them, on native gloo and on
+# the colltutor backend (`make test` runs them so; `pytest tests/` a fast subset).
+torch-suite: setup
+	COLLTUTOR_TORCH_SUITE=full $(BIN)/pytest -q -p no:cacheprovider tests/test_torch_suite.py
 
 # The oracle matrix, the runtime and every notebook again under NCCL's rules on the
 # CPU (colltutor/transports/nccl_rules.py): what a multi-GPU run would do.

@@ -2,6 +2,14 @@
 
     .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 256 1024] [--size 1M]
     .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink latency machine]
+    .venv/bin/python benchmarks/bench_simulate.py --scale [ranks large sizes rails
+                                          straggler all_to_all protocols] [--budget N]
+    ... --json book/data/simulate_scale.json   (also store the rows, for the book)
+
+The book's data (``book/data/simulate_*.json``, with the printed tables in
+``benchmarks/results/``) comes from ``--fidelity ... --json
+book/data/simulate_fidelity.json`` and ``--scale ... --budget 300000 --json
+book/data/simulate_scale.json`` (``large`` with ``--budget 2200000``).
 
 Speed (the default): every all-reduce algorithm, and PAT's all-gather and
 reduce-scatter, on ``h100-cluster`` presets of 64, 256 and 1,024 GPUs: simulated
@@ -14,14 +22,26 @@ Fidelity: (1) 8 H100s on NVSwitch at large sizes, busbw against the figures NVID
 engineers publish; (2) the latency of ring and trees from 8 to 1,024 GPUs against
 NCCL's own latency model; (3) ``this-machine`` (alpha, beta, gamma fitted here,
 the machine's memory and cores shared) and the alpha-beta-gamma formula against
-colltutor's measured ring all-reduce on 2, 4 and 8 ranks.  Simulated times
-depend on nothing but the model; real seconds depend on the machine's load.
+colltutor's measured ring all-reduce on 2, 4 and 8 ranks.
+
+At scale (Chapter 12): (1) ring, trees, hierarchical and PAT on 8, 32, 128 and
+1,024 GPUs at 64 KiB and 64 MiB (``large``: the ring and tree all-reduce on 1,024
+at 64 MiB, over the default budget); (2) every all-reduce algorithm over sizes on
+64 GPUs, for the crossovers; (3) the same collectives on 512 GPUs (two leaves per
+rail) with the spine at 1:1 and 2:1 (``spine``: Bruck's all-to-all there); (4) one
+rank entering 100 us late; (5) all-to-all for MoE; (6) LL, LL128 and Simple on 8
+GPUs over sizes (Chapter 11).  Runs whose message count is over ``--budget`` are
+stored as skipped.
+Simulated times depend on nothing but the model; real seconds on the machine's
+load.  ``--json`` merges the rows into a JSON file that the notebooks draw.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import pathlib
 import time
 
 import colltutor
@@ -29,12 +49,16 @@ from colltutor import cost, registry, topologies
 from colltutor.bench import human, parse_size, sweep
 
 PUBLISHED = {
-    ("all_reduce", "nvls"): (480, "NVIDIA/nccl-tests#212 (S. Jeaugey: peak busbw "
-                             "~480, algbw ~275); #290: 476"),
-    ("all_reduce", "ring"): (370, "nccl-tests#212: 370 with NCCL_ALGO=RING; #309: 369"),
-    ("all_gather", "ring"): (360, "nccl-tests#326 (S. Jeaugey: 360 'exactly what we'd "
-                             "expect on H100')"),
-    ("reduce_scatter", "ring"): (360, "as all-gather (nccl-tests#212, #326)"),
+    ("all_reduce", "nvls"): (480, "NVIDIA/nccl-tests#212 (S. Jeaugey: on 8 GPUs a "
+                             "peak busbw of ~480, algbw ~275); #290: 476 'in the "
+                             "expected range for H100'"),
+    ("all_reduce", "ring"): (370, "nccl-tests#212 (~370 effective NVLink bandwidth, "
+                             "seen as busbw with NCCL_ALGO=RING); #309: 368.76 with "
+                             "NVLS disabled"),
+    ("all_gather", "ring"): (370, "nccl-tests#212 (~370 as busbw of non-allreduce "
+                             "operations)"),
+    ("reduce_scatter", "ring"): (370, "nccl-tests#212 (~370 as busbw of "
+                                 "non-allreduce operations)"),
 }
 """Published nccl-tests busbw (GB/s) on 8 H100 SXM at large sizes, and where."""
 
@@ -79,23 +103,37 @@ def speed(ranks: list[int], nbytes: int, budget: int,
         print(f"  {collective:>14} {name:>20}  {'  '.join(steps)}")
 
 
-def nvlink_fidelity() -> None:
+def without_latency() -> topologies.Star:
+    """``h100-node`` (Simple) with no latency per message: what the ring would reach
+    if every segment's latency were hidden, as NCCL's chunks in flight hide it."""
+    node = topologies.h100_node()
+    return topologies.Star("h100-node/simple, no latency", node.ranks, node.bandwidth,
+                           0.0, node.gamma, nvls=node.nvls, eager=True)
+
+
+def nvlink_fidelity() -> list[dict]:
     print("# (1) 8 x H100 on NVSwitch, busbw at 1 GiB (GB/s); simple: NCCL's protocol "
-          "parameters, ideal: the raw 450 GB/s")
-    print(f"# {'collective':>14} {'algorithm':>20} {'simple':>7} {'ideal':>7} "
-          f"{'published':>9}  source")
+          "parameters, no lat: the same without latency per message, ideal: the raw "
+          "450 GB/s")
+    print(f"# {'collective':>14} {'algorithm':>20} {'simple':>7} {'no lat':>7} "
+          f"{'ideal':>7} {'published':>9}  source")
+    out = []
     rows = [("all_reduce", "nvls"), ("all_reduce", "ring"),
             ("all_reduce", "multi_channel_ring"), ("all_reduce", "double_binary_tree"),
             ("all_gather", "ring"), ("reduce_scatter", "ring")]
     for collective, name in rows:
         if name != "nvls" and name not in registry.find(collective):
             continue
-        got = [colltutor.simulate(collective, 1 << 30, f"h100-node/{proto}", name,
-                                  real=False, trace=False).busbw
-               for proto in ("simple", "ideal")]
+        got = [colltutor.simulate(collective, 1 << 30, topology, name, real=False,
+                                  trace=False).busbw
+               for topology in ("h100-node", without_latency(), "h100-node/ideal")]
         value, source = PUBLISHED.get((collective, name), (None, ""))
         print(f"  {collective:>14} {name:>20} {got[0]:7.1f} {got[1]:7.1f} "
-              f"{value or '':>9}  {source}", flush=True)
+              f"{got[2]:7.1f} {value or '':>9}  {source}", flush=True)
+        out.append({"collective": collective, "algorithm": name, "bytes": 1 << 30,
+                    "busbw": got[0], "busbw_no_latency": got[1],
+                    "busbw_ideal": got[2], "published": value, "source": source})
+    return out
 
 
 def nccl_latency(algorithm: str, p: int, gpus: int = 8) -> float:
@@ -108,15 +146,18 @@ def nccl_latency(algorithm: str, p: int, gpus: int = 8) -> float:
     return (8.4 + 2 * ((p // nodes - 1) * 4.0 + math.log2(nodes) * 14.0)) * 1e-6
 
 
-def latency_fidelity(ranks: list[int], nbytes: int) -> None:
+def latency_fidelity(ranks: list[int], nbytes: int) -> list[dict]:
     print(f"# (2) all-reduce latency at {human(nbytes)} on h100-cluster (us): "
           "simulated, and NCCL's own model")
     names = [n for n in ("ring", "double_binary_tree", "hierarchical",
                          "recursive_doubling") if n in registry.find("all_reduce")]
     print(f"# {'p':>5} " + " ".join(f"{n:>20}" for n in names)
           + f" {'NCCL ring':>10} {'NCCL tree':>10}")
+    out = []
     for p in ranks:
         cells = []
+        row = {"p": p, "bytes": nbytes, "nccl_ring_us": nccl_latency("ring", p) * 1e6,
+               "nccl_tree_us": nccl_latency("tree", p) * 1e6}
         for name in names:
             if name == "ring" and p > 256:  # 2 (p-1) p messages: see the speed table
                 cells.append(f"{'-':>20}")
@@ -124,12 +165,14 @@ def latency_fidelity(ranks: list[int], nbytes: int) -> None:
             r = colltutor.simulate("all_reduce", nbytes, f"h100-cluster:{p // 8}", name,
                                    real=False, trace=False)
             cells.append(f"{r.seconds * 1e6:20.1f}")
+            row[f"{name}_us"] = r.seconds * 1e6
         print(f"  {p:5d} " + " ".join(cells)
-              + f" {nccl_latency('ring', p) * 1e6:10.1f}"
-              + f" {nccl_latency('tree', p) * 1e6:10.1f}", flush=True)
+              + f" {row['nccl_ring_us']:10.1f} {row['nccl_tree_us']:10.1f}", flush=True)
+        out.append(row)
+    return out
 
 
-def machine_fidelity(sizes: list[int], ranks: list[int]) -> None:
+def machine_fidelity(sizes: list[int], ranks: list[int]) -> list[dict]:
     fit = cost.measure()
     print(f"# (3) this machine: alpha {fit['alpha'] * 1e6:.1f} us, beta "
           f"{1 / fit['beta'] / 1e9:.2f} GB/s, gamma {1 / fit['gamma'] / 1e9:.2f} GB/s "
@@ -140,6 +183,7 @@ def machine_fidelity(sizes: list[int], ranks: list[int]) -> None:
           f"{'model':>10} {'sim/meas':>8} {'model/meas':>10}")
     options = {"iters": 20, "warmup": 3, "memory": False, "check": False,
                "dtype": "float32", "op": "sum"}
+    out = []
     for p in ranks:
         measured = {row["bytes"]: row["time_us"] for row in
                     sweep("all_reduce", ["ring"], p, sizes, options)}
@@ -153,6 +197,115 @@ def machine_fidelity(sizes: list[int], ranks: list[int]) -> None:
             print(f"  {p:3d} {human(n):>8} {measured[n]:12.1f} {sim:10.1f} "
                   f"{model:10.1f} {sim / measured[n]:8.2f} "
                   f"{model / measured[n]:10.2f}", flush=True)
+            out.append({"p": p, "bytes": n, "measured_us": measured[n],
+                        "simulated_us": sim, "model_us": model, "alpha": fit["alpha"],
+                        "beta": fit["beta"], "gamma": fit["gamma"]})
+    return out
+
+
+# -- at scale (Chapter 12) ------------------------------------------------------
+
+SCALE = [("all_reduce", "ring"), ("all_reduce", "double_binary_tree"),
+         ("all_reduce", "hierarchical"), ("all_gather", "ring"), ("all_gather", "pat"),
+         ("all_gather", "hierarchical")]
+"""The collectives and algorithms of Chapter 12's sweeps."""
+
+RAILS = [("all_reduce", "double_binary_tree"), ("all_reduce", "hierarchical"),
+         ("all_gather", "pat")]
+"""The rails part's cases: those of :data:`SCALE` that stay within the budget on
+512 GPUs (the flat rings and the hierarchical all-gather send 260,000 messages or
+more there)."""
+
+LATE = 100e-6
+"""How late the straggler enters: 100 us, a few kernels' worth of GPU time."""
+
+
+def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int,
+        **kwargs: object) -> dict:
+    """Simulate one case (meta tensors) and return its row; skipped, and said so,
+    when the algorithm's declared message count is over ``budget``."""
+    p = colltutor.topologies.get(topology).ranks
+    row = {"collective": collective, "algorithm": algorithm, "topology": topology,
+           "p": p, "bytes": nbytes}
+    expect = messages(collective, algorithm, p, nbytes)
+    if expect is not None and expect > budget:
+        row["skipped"] = f"{expect} messages, over the budget of {budget}"
+        print(f"  {p:5d} {collective:>14} {algorithm:>20} {human(nbytes):>8}  "
+              f"skipped ({expect} messages)", flush=True)
+        return row
+    r = colltutor.simulate(collective, nbytes, topology, algorithm, real=False,
+                           trace=False, **kwargs)
+    row.update(seconds=r.seconds, busbw=r.busbw, algbw=r.algbw, messages=r.messages,
+               wall=r.wall)
+    print(f"  {p:5d} {collective:>14} {algorithm:>20} {human(nbytes):>8} "
+          f"{r.seconds * 1e6:12.1f} us {r.busbw:8.2f} GB/s {r.messages:8d} msgs "
+          f"{r.wall:6.1f} s", flush=True)
+    return row
+
+
+def cluster(p: int, kind: str = "h100-cluster") -> str:
+    return "h100-node" if p == 8 and kind == "h100-cluster" else f"{kind}:{p // 8}"
+
+
+def at_scale(parts: list[str], budget: int) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    if "ranks" in parts:
+        print("# (1) 8 to 1,024 GPUs: time and busbw, small and large")
+        out["ranks"] = [one(c, a, cluster(p), n, budget)
+                        for n in (64 << 10, 64 << 20)
+                        for p in (8, 32, 128, 1024) for c, a in SCALE]
+    if "large" in parts:
+        print("# (1b) 1,024 GPUs at 64 MiB: ring and tree all-reduce (millions of "
+              "messages: run with --budget 2200000)")
+        out["ranks_1024_large"] = [one("all_reduce", a, cluster(1024), 64 << 20, budget)
+                                   for a in ("double_binary_tree", "ring")]
+    if "sizes" in parts:
+        print("# (2) 64 GPUs (8 nodes): every all-reduce algorithm over sizes")
+        names = ["ring", "double_binary_tree", "hierarchical", "rabenseifner",
+                 "recursive_doubling"]
+        out["sizes"] = [one("all_reduce", a, cluster(64), 1 << k, budget)
+                        for k in range(12, 31, 3) for a in names]
+    if "rails" in parts:
+        print("# (3) 512 GPUs, two leaves per rail: spine at 1:1 and 2:1, 16 MiB")
+        out["rails"] = [one(c, a, cluster(512, kind), 16 << 20, budget)
+                        for kind in ("h100-cluster", "h100-cluster-oversubscribed")
+                        for c, a in RAILS]
+    if "spine" in parts:
+        print("# (3b) 512 GPUs: Bruck's all-to-all, whose far rounds all cross the "
+              "spine at once, with the spine at 1:1 and 2:1")
+        out["spine"] = [one("all_to_all", "bruck", cluster(512, kind), n, budget)
+                        for kind in ("h100-cluster", "h100-cluster-oversubscribed")
+                        for n in (16 << 20, 256 << 20)]
+    if "straggler" in parts:
+        print(f"# (4) 64 GPUs, 16 MiB: on time, then rank 0 {LATE * 1e6:.0f} us late")
+        out["straggler"] = [dict(one(c, a, cluster(64), 16 << 20, budget,
+                                     late=late), late=LATE if late else 0.0)
+                            for c, a in SCALE for late in (None, {0: LATE})]
+    if "protocols" in parts:
+        print("# (6) 8 GPUs on NVSwitch: ring and tree all-reduce under each protocol")
+        out["protocols"] = [dict(one("all_reduce", a, f"h100-node/{proto}", 1 << k,
+                                     budget), protocol=proto)
+                            for k in range(10, 31, 2)
+                            for proto in ("ll", "ll128", "simple")
+                            for a in ("ring", "double_binary_tree")]
+        out["protocols"] += [dict(one("all_reduce", "nvls", "h100-node", 1 << k,
+                                      budget), protocol="simple")
+                             for k in range(10, 31, 2)]
+    if "all_to_all" in parts:
+        print("# (5) all-to-all (MoE dispatch), 64 and 256 GPUs")
+        out["all_to_all"] = [one("all_to_all", a, cluster(p), n, budget)
+                             for p in (64, 256) for n in (1 << 20, 256 << 20)
+                             for a in registry.find("all_to_all")]
+    return out
+
+
+def store(path: str, parts: dict[str, list[dict]]) -> None:
+    """Merge ``parts`` into the JSON file at ``path`` (other parts kept)."""
+    file = pathlib.Path(path)
+    data = json.loads(file.read_text()) if file.exists() else {}
+    data.update(parts)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def main() -> None:
@@ -164,18 +317,32 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="*", help="only these (default: all)")
     ap.add_argument("--fidelity", nargs="*", choices=["nvlink", "latency", "machine"],
                     help="compare with measurements (default: all three parts)")
+    ap.add_argument("--scale", nargs="*", choices=["ranks", "large", "sizes",
+                                                   "rails", "spine", "straggler",
+                                                   "all_to_all", "protocols"],
+                    help="Chapter 12's sweeps (default: all five parts)")
+    ap.add_argument("--json", help="merge the rows into this JSON file")
     args = ap.parse_args()
     start = time.perf_counter()
-    parts = args.fidelity or ["nvlink", "latency", "machine"]
+    rows: dict[str, list[dict]] = {}
     if args.fidelity is not None:
+        parts = args.fidelity or ["nvlink", "latency", "machine"]
         if "nvlink" in parts:
-            nvlink_fidelity()
+            rows["nvlink"] = nvlink_fidelity()
         if "latency" in parts:
-            latency_fidelity([8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10)
+            rows["latency"] = latency_fidelity([8, 16, 32, 64, 128, 256, 512, 1024],
+                                               16 << 10)
         if "machine" in parts:
-            machine_fidelity([64 << 10, 1 << 20, 16 << 20], [2, 4, 8])
+            rows["machine"] = machine_fidelity([64 << 10, 1 << 20, 16 << 20],
+                                               [2, 4, 8])
+    elif args.scale is not None:
+        rows = at_scale(args.scale or ["ranks", "sizes", "rails", "spine",
+                                       "straggler", "all_to_all", "protocols"],
+                        args.budget)
     else:
         speed(args.ranks, args.size, args.budget, args.algorithms)
+    if args.json and rows:
+        store(args.json, rows)
     print(f"# {time.perf_counter() - start:.0f} s in all")
 
 

@@ -4,14 +4,17 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
+from colltutor import backend as _backend
 from colltutor import cost, simulate, topologies, trace
 from colltutor.api import (
     Work,
     algorithms,
     all_gather,
+    all_gather_coalesced,
     all_gather_into_tensor,
     all_gather_single,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
     barrier,
@@ -27,6 +30,7 @@ from colltutor.api import (
     scatter,
     send,
     synchronize,
+    use,
 )
 from colltutor.grader import check
 from colltutor.guards import MismatchError, PeerArgumentError, set_checks
@@ -45,13 +49,16 @@ from colltutor.runtime import (
     world_size,
 )
 
+_backend.register()  # dist.init_process_group("colltutor") from here on
+
 __all__ = [
     "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",
     "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
-    "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single",
+    "all_reduce", "all_reduce_coalesced", "all_to_all",
     "all_to_all_single", "barrier", "broadcast", "check", "cost", "device",
     "environment", "gather", "init", "irecv", "isend", "launch", "rank", "recv",
     "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
     "run", "scatter", "send", "set_checks", "shutdown", "simulate", "synchronize",
-    "topologies", "trace", "world_size",
+    "topologies", "trace", "use", "world_size",
 ]

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("colltutor.simulate",
                  "time a collective on a simulated cluster (SimGrid): busbw, messages"),
     "classroom": ("colltutor.classroom",
-                  "build the student and instructor editions of the notebooks"),
+                  "student and instructor editions of the notebooks; nbgrader course"),
 }
 """Command name -> (module with ``main(argv)``, one-line description)."""
 

@@ -15,7 +15,12 @@ per collective; the point-to-point layer in :mod:`colltutor.p2p`.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+import functools
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,15 +44,54 @@ _guarded = guards.collective(algorithms, lambda group: in_order(group))
 arguments against every other rank's before any message moves."""
 
 
-def _pick(collective: str, algorithm: str | None, nbytes: int | None, size: int
-          ) -> Callable:
-    table = registry.find(collective)
-    name = algorithm or tuning.choose(collective, nbytes, size)
+_chosen: dict[str, str | Callable] = {}
+"""What :func:`use` chose: collective -> algorithm name or a learner's function."""
+
+
+class use:  # noqa: N801 (a function to its callers; a class to be a context too)
+    """Make every later ``collective`` call run the algorithm given for it, by name
+    or as a function with the algorithm's signature (a learner's own), for example
+    ``colltutor.use(all_reduce="ring")``: the functions here, and every group of the
+    ``"colltutor"`` backend (DDP's all-reduces too).  ``algorithm=`` in a call still
+    wins; ``None`` gives a collective back to :mod:`colltutor.tuning`.  Used as
+    ``with colltutor.use(...):``, the earlier choices come back at the end.  Every
+    rank must choose alike."""
+
+    def __init__(self, **choices: str | Callable | None) -> None:
+        for collective, choice in choices.items():
+            table = registry.find(collective)  # raises on an unknown collective
+            if isinstance(choice, str) and choice not in table:
+                raise ValueError(f"{collective} has no algorithm {choice!r}; choose "
+                                 f"from {', '.join(table)}")
+        self.before = dict(_chosen)
+        for collective, choice in choices.items():
+            if choice is None:
+                _chosen.pop(collective, None)
+            else:
+                _chosen[collective] = choice
+
+    def __enter__(self) -> use:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _chosen.clear()
+        _chosen.update(self.before)
+
+
+def _choose(collective: str, algorithm: str | None, nbytes: int | None, size: int
+            ) -> tuple[str, Callable]:
+    """The algorithm a call runs, and its name: ``algorithm=``, else the one
+    :func:`use` chose, else :mod:`colltutor.tuning`'s default for the size."""
+    kind = guards.table_name(collective)  # all_gather_into_tensor -> all_gather
+    table = registry.find(kind)
+    name = algorithm or _chosen.get(kind) or tuning.choose(kind, nbytes, size)
+    if callable(name):
+        return getattr(name, "__name__", "custom"), name
     if name not in table:
         raise ValueError(
             f"{collective} has no algorithm {name!r}; choose from {', '.join(table)}"
         )
-    return table[name].fn
+    return name, table[name].fn
 
 
 class Work:
@@ -93,30 +137,122 @@ def _set_device(device: int | None) -> None:
     nccl_rules.enter_thread()  # emulated NCCL: this thread follows stream order
 
 
-def _launch(group: ProcessGroup | None, async_op: bool, body: Callable[[Comm], Any]):
-    """Run ``body(comm)`` now, or on the group's worker thread when ``async_op``.
+def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
+            body: Callable[[Comm, Callable], Any], *, algorithm: str | None,
+            nbytes: int | None, inputs: Sequence[torch.Tensor] = ()):
+    """Pick the algorithm and run ``body(comm, algorithm)``: now, or on the group's
+    worker thread when ``async_op``.
 
     A synchronous call first waits for the group's earlier asynchronous ones, so that
-    collectives on a group always run in the order the program issued them.
+    collectives on a group always run in the order the program issued them.  Under
+    the profiler the call is one record, ``colltutor:<collective>``, that starts here
+    and ends on the thread that finishes the collective (:func:`_record`).
     """
     group = group if group is not None else dist.group.WORLD
     comm = Comm(group, tag=COLLECTIVE_TAG)
     if comm.rank < 0:  # not a member of the group: nothing to do, as in torch
         return None
     settle = guards.prepare(comm)  # this rank's own checks, now
+    failed = settle is not None and settle.failed  # raised after the agreement
+    name, fn = ("", None) if failed else _choose(collective, algorithm, nbytes,
+                                                 comm.size)
+    shown = _shown.get()
+    if shown is not None:
+        collective, inputs = shown
+    record = None if failed else _record(collective, name, inputs)
 
-    def job() -> _Done | None:
-        if settle is not None:
-            settle()  # the ranks agree before any of the algorithm's messages
-        with reusing_scratch():
-            body(comm)
-        return _Done() if async_op else None
+    def job(elsewhere: bool) -> _Done | None:
+        try:
+            if settle is not None:
+                settle()  # the ranks agree before any of the algorithm's messages
+            with reusing_scratch():
+                body(comm, fn)
+        finally:
+            if record is not None:
+                record.__exit__(None, None, None)
+        return _Done() if elsewhere else None
 
-    if async_op and not (settle is not None and settle.failed):
-        return Work(_worker(group).submit(job))
+    if record is not None:
+        guards.flush(group)
+        done = _profiled(group, job)
+        if async_op:
+            return Work(done)
+        done.result().wait()
+        return None
+    if async_op and not failed:
+        return Work(_worker(group).submit(job, True))
     in_order(group)
-    job()  # a rank whose arguments are wrong raises here, after the agreement
+    job(False)  # a rank whose arguments are wrong raises here, after the agreement
     return None
+
+
+def _profiled(group: ProcessGroup, job: Callable[[bool], _Done]
+              ) -> concurrent.futures.Future:
+    """Run a profiled call's ``job`` in the group's order, on a thread of torch's
+    inter-op pool, and return its future.
+
+    The profiler keeps its state per thread; a thread that torch starts work on
+    (``torch.jit.fork``) carries the caller's, as gloo's threads do, so the call's
+    record ends on that thread when the collective ends (an asynchronous record, as
+    gloo's are) and the work it does inside is recorded too.  Meanwhile a gate holds
+    the group's worker, so that collectives still run one at a time, in order.
+    """
+    turn, done = threading.Event(), concurrent.futures.Future()
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    _worker(group).submit(lambda: (turn.set(), concurrent.futures.wait([done])))
+
+    def run() -> None:
+        turn.wait()  # the group's earlier collectives have run
+        _set_device(device)
+        try:
+            done.set_result(job(True))
+        except BaseException as error:  # handed to the caller's wait()
+            done.set_exception(error)
+
+    key = next(_keys)
+    _forked[key] = run
+    _fork()(key)
+    return done
+
+
+_forked: dict[int, Callable[[], None]] = {}
+_keys = itertools.count()
+
+
+def _run_forked(key: int) -> int:
+    _forked.pop(key)()
+    return 0
+
+
+# TorchScript reads annotations as types, not as this module's postponed strings
+_run_forked.__annotations__ = {"key": int, "return": int}
+_run_forked = torch.jit.ignore(_run_forked)
+
+
+@functools.cache
+def _fork() -> Callable[[int], Any]:
+    """``torch.jit.fork`` of :func:`_run_forked`: scripted, because in plain Python
+    ``fork`` runs the function at once, on the calling thread."""
+
+    def fork(key):
+        # type: (int) -> torch.jit.Future[int]
+        return torch.jit.fork(_run_forked, key)
+
+    return torch.jit.script(fork)
+
+
+def _record(collective: str, algorithm: str, inputs: Sequence[torch.Tensor]):
+    """The profiler's record of one call, already started, or None when no profiler
+    runs (one C++ call, so that an unprofiled collective pays nothing else).  It
+    holds the input shapes (a complex tensor as the real pairs that travel, as gloo
+    records it) and the algorithm's name as its ``algorithm`` keyword input."""
+    if not torch._C._autograd._profiler_enabled():
+        return None
+    shapes = [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
+    record = torch._C._profiler._RecordFunctionFast(
+        f"colltutor:{collective}", shapes, {"algorithm": algorithm})
+    record.__enter__()
+    return record
 
 
 class _Done:
@@ -261,10 +397,11 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     root = _group_rank(group, src, group_src, "src")
     buf = _flat(tensor)
 
-    def body(comm: Comm) -> None:
-        _pick("broadcast", algorithm, _nbytes(buf), comm.size)(comm, buf, root)
+    def body(comm: Comm, fn: Callable) -> None:
+        fn(comm, buf, root)
 
-    return _launch(group, async_op, body)
+    return _launch("broadcast", group, async_op, body, algorithm=algorithm,
+                   nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -277,10 +414,11 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM,
     buf = _flat(tensor)
     ops.validate(op, buf.dtype)
 
-    def body(comm: Comm) -> None:
-        _pick("reduce", algorithm, _nbytes(buf), comm.size)(comm, buf, op, root)
+    def body(comm: Comm, fn: Callable) -> None:
+        fn(comm, buf, op, root)
 
-    return _launch(group, async_op, body)
+    return _launch("reduce", group, async_op, body, algorithm=algorithm,
+                   nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -295,17 +433,21 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     size, is_root = me.size, me.rank == root
     if is_root:
         _check_list(gather_list, size, tensor, "gather_list")
+    elif gather_list:
+        raise ValueError("gather_list must not be given on ranks other than dst "
+                         "(as in torch)")
 
-    def body(comm: Comm) -> None:
+    def body(comm: Comm, fn: Callable) -> None:
         # receive straight into gather_list when it is one buffer cut in order
         whole = _joined(gather_list) if is_root else None
         buf = whole if whole is not None else comm.scratch(size * mine.numel(), mine)
-        _pick("gather", algorithm, _nbytes(buf), size)(comm, buf, root, mine)
+        fn(comm, buf, root, mine)
         if is_root and whole is None:
             for out, block in zip(gather_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
 
-    return _launch(group, async_op, body)
+    return _launch("gather", group, async_op, body, algorithm=algorithm,
+                   nbytes=size * _nbytes(mine), inputs=[tensor])
 
 
 @_guarded
@@ -320,8 +462,11 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     size, is_root = me.size, me.rank == root
     if is_root:
         _check_list(scatter_list, size, tensor, "scatter_list")
+    elif scatter_list:
+        raise ValueError("scatter_list must not be given on ranks other than src "
+                         "(as in torch)")
 
-    def body(comm: Comm) -> None:
+    def body(comm: Comm, fn: Callable) -> None:
         if is_root:  # send straight from scatter_list when it is one buffer in order
             buf = _joined(scatter_list)
             if buf is None:
@@ -329,9 +474,10 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
                                 out=comm.scratch(size * mine.numel(), mine))
         else:
             buf = comm.scratch(size * mine.numel(), mine)
-        _pick("scatter", algorithm, _nbytes(buf), size)(comm, buf, root, mine)
+        fn(comm, buf, root, mine)
 
-    return _launch(group, async_op, body)
+    return _launch("scatter", group, async_op, body, algorithm=algorithm,
+                   nbytes=size * _nbytes(mine), inputs=scatter_list if is_root else [])
 
 
 # -- symmetric collectives --------------------------------------------------------
@@ -345,10 +491,11 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group: ProcessGroup | None
     buf = _flat(tensor)
     ops.validate(op, buf.dtype)
 
-    def body(comm: Comm) -> None:
-        _pick("all_reduce", algorithm, _nbytes(buf), comm.size)(comm, buf, op)
+    def body(comm: Comm, fn: Callable) -> None:
+        fn(comm, buf, op)
 
-    return _launch(group, async_op, body)
+    return _launch("all_reduce", group, async_op, body, algorithm=algorithm,
+                   nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -360,11 +507,12 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     size = membership(group).size
     _check_sizes(out, mine, size, "output_tensor", "input_tensor")
 
-    def body(comm: Comm) -> None:
+    def body(comm: Comm, fn: Callable) -> None:
         blocks(out, size)[comm.rank].copy_(mine)
-        _pick("all_gather", algorithm, _nbytes(out), size)(comm, out)
+        fn(comm, out)
 
-    return _launch(group, async_op, body)
+    return _launch("all_gather_into_tensor", group, async_op, body,
+                   algorithm=algorithm, nbytes=_nbytes(out), inputs=[input_tensor])
 
 
 @_guarded
@@ -376,17 +524,18 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     _check_list(tensor_list, size, tensor, "tensor_list")
     mine = _flat(tensor)
 
-    def body(comm: Comm) -> None:
+    def body(comm: Comm, fn: Callable) -> None:
         # receive straight into tensor_list when it is one buffer cut in order
         whole = _joined(tensor_list)
         buf = whole if whole is not None else comm.scratch(size * mine.numel(), mine)
         blocks(buf, size)[comm.rank].copy_(mine)
-        _pick("all_gather", algorithm, _nbytes(buf), size)(comm, buf)
+        fn(comm, buf)
         if whole is None:
             for out, block in zip(tensor_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
 
-    return _launch(group, async_op, body)
+    return _launch("all_gather", group, async_op, body, algorithm=algorithm,
+                   nbytes=size * _nbytes(mine), inputs=[tensor])
 
 
 @_guarded
@@ -399,7 +548,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     size = membership(group).size
     _check_sizes(full, out, size, "input", "output")
     ops.validate(op, full.dtype)
-    return _reduce_scatter_into(out, [full], op, group, async_op, algorithm)
+    return _reduce_scatter_into("reduce_scatter_tensor", out, [full], op, group,
+                                async_op, algorithm, [input])
 
 
 @_guarded
@@ -413,14 +563,15 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
     _check_list(input_list, size, output, "input_list")
     out = _flat(output, "output")
     ops.validate(op, out.dtype)
-    return _reduce_scatter_into(out, [t.reshape(-1) for t in input_list], op, group,
-                                async_op, algorithm)
+    return _reduce_scatter_into("reduce_scatter", out,
+                                [t.reshape(-1) for t in input_list], op, group,
+                                async_op, algorithm, input_list)
 
 
-def _reduce_scatter_into(out: torch.Tensor, inputs: list[torch.Tensor], op, group,
-                         async_op: bool, algorithm: str | None):
-    def body(comm: Comm) -> None:
-        fn = _pick("reduce_scatter", algorithm, _nbytes(out) * comm.size, comm.size)
+def _reduce_scatter_into(collective: str, out: torch.Tensor,
+                         inputs: list[torch.Tensor], op, group, async_op: bool,
+                         algorithm: str | None, shown: Sequence[torch.Tensor]):
+    def body(comm: Comm, fn: Callable) -> None:
         whole = _joined(inputs)
         work = comm.scratch(sum(t.numel() for t in inputs), out)
         if whole is not None:
@@ -431,7 +582,8 @@ def _reduce_scatter_into(out: torch.Tensor, inputs: list[torch.Tensor], op, grou
             fn(comm, torch.cat(inputs, out=work), op)
         out.copy_(blocks(work, comm.size)[comm.rank])
 
-    return _launch(group, async_op, body)
+    return _launch(collective, group, async_op, body, algorithm=algorithm,
+                   nbytes=sum(_nbytes(t) for t in inputs), inputs=shown)
 
 
 @_guarded
@@ -448,7 +600,8 @@ def all_to_all(output_tensor_list: list[torch.Tensor],
             raise ValueError(f"{what} has {len(tensors)} tensors; the group has {size}")
     outputs = [_flat(t, "output_tensor_list[i]") for t in output_tensor_list]
     inputs = [_flat(t, "input_tensor_list[i]") for t in input_tensor_list]
-    return _all_to_all_views(outputs, inputs, group, async_op, algorithm)
+    return _all_to_all_views("all_to_all", outputs, inputs, group, async_op,
+                             algorithm, input_tensor_list)
 
 
 @_guarded
@@ -463,10 +616,12 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     outputs = _split(output, output_split_sizes, size, "output")
     inputs = _split(input, input_split_sizes, size, "input")
     uneven = bool(output_split_sizes or input_split_sizes)
-    return _all_to_all_views(outputs, inputs, group, async_op, algorithm, uneven)
+    return _all_to_all_views("all_to_all_single", outputs, inputs, group, async_op,
+                             algorithm, [input], uneven)
 
 
-def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | None,
+def _all_to_all_views(collective: str, outputs, inputs, group, async_op: bool,
+                      algorithm: str | None, shown: Sequence[torch.Tensor],
                       uneven: bool = True):
     # The default may only depend on what every rank knows alike: with split sizes
     # (or a list of tensors) ranks send different amounts, so the size-based choice
@@ -475,11 +630,11 @@ def _all_to_all_views(outputs, inputs, group, async_op: bool, algorithm: str | N
     # without split sizes every rank knows every block's size: no need to exchange
     counts = None if uneven else [[inputs[0].numel()] * len(inputs)] * len(inputs)
 
-    def body(comm: Comm) -> None:
-        _pick("all_to_all", algorithm, nbytes, comm.size)(comm, outputs, inputs,
-                                                          counts)
+    def body(comm: Comm, fn: Callable) -> None:
+        fn(comm, outputs, inputs, counts)
 
-    return _launch(group, async_op, body)
+    return _launch(collective, group, async_op, body, algorithm=algorithm,
+                   nbytes=nbytes, inputs=shown)
 
 
 def _split(tensor: torch.Tensor, sizes: Sequence[int] | None, parts: int, what: str
@@ -508,10 +663,10 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False,
     """Return on each rank only once every rank of the group has entered
     (Chapter 8)."""
 
-    def body(comm: Comm) -> None:
-        _pick("barrier", algorithm, 0, comm.size)(comm)
+    def body(comm: Comm, fn: Callable) -> None:
+        fn(comm)
 
-    work = _launch(group, async_op, body)
+    work = _launch("barrier", group, async_op, body, algorithm=algorithm, nbytes=0)
     if not async_op:
         synchronize()  # NCCL's barrier blocks the host, not only its stream
     return work
@@ -552,6 +707,77 @@ def _check_sizes(big: torch.Tensor, small: torch.Tensor, size: int, big_name: st
         )
     if big.dtype != small.dtype:
         raise TypeError(f"{big_name} is {big.dtype} but {small_name} is {small.dtype}")
+
+
+# -- coalesced collectives: several tensors in one call ------------------------------
+
+
+def all_reduce_coalesced(tensors: list[torch.Tensor], op=ReduceOp.SUM,
+                         group: ProcessGroup | None = None, async_op: bool = False,
+                         *, algorithm: str | None = None):
+    """``all_reduce`` of several tensors in one collective: laid end to end in one
+    buffer, as gloo does (torch's profiler sees one ``all_reduce``)."""
+    guards.check_like_torch("all_reduce_coalesced", {"tensors": tensors, "op": op})
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    with _recorded_as("all_reduce", tensors):
+        work = all_reduce(flat, op, group, async_op, algorithm=algorithm)
+    return _then(group, work, lambda: [t.copy_(block.view_as(t)) for t, block in
+                                       zip(tensors, _pieces(flat, tensors))])
+
+
+def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
+                         input_tensor_list: list[torch.Tensor],
+                         group: ProcessGroup | None = None, async_op: bool = False,
+                         *, algorithm: str | None = None):
+    """``all_gather`` of several tensors in one collective: ``output_tensor_lists
+    [r][i]`` receives rank ``r``'s ``input_tensor_list[i]``."""
+    guards.check_like_torch("all_gather_coalesced",
+                            {"input_tensor_list": input_tensor_list})
+    flat = torch.cat([t.reshape(-1) for t in input_tensor_list])
+    out = flat.new_empty(membership(group).size * flat.numel())
+    with _recorded_as("all_gather", input_tensor_list):
+        work = all_gather_into_tensor(out, flat, group, async_op, algorithm=algorithm)
+
+    def unpack() -> None:
+        rows = out.view(len(output_tensor_lists), flat.numel())
+        for outputs, row in zip(output_tensor_lists, rows):
+            for t, piece in zip(outputs, _pieces(row, input_tensor_list)):
+                t.copy_(piece.view_as(t))
+
+    return _then(group, work, unpack)
+
+
+_shown: contextvars.ContextVar[tuple[str, Sequence[torch.Tensor]] | None] = (
+    contextvars.ContextVar("colltutor_shown", default=None))
+"""What the profiler's record of the current call shows, when it is not the
+collective that runs (a coalesced call shows its own name and tensors)."""
+
+
+@contextlib.contextmanager
+def _recorded_as(collective: str, inputs: Sequence[torch.Tensor]) -> Iterator[None]:
+    token = _shown.set((collective, inputs))
+    try:
+        yield
+    finally:
+        _shown.reset(token)
+
+
+def _pieces(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return list(flat.split_with_sizes([t.numel() for t in like]))
+
+
+def _then(group: ProcessGroup | None, work: Work | None, finish: Callable[[], Any]
+          ) -> Work | None:
+    """Run ``finish`` once ``work`` is done: now, or after it on the group's worker."""
+    if work is None:
+        finish()
+        return None
+
+    def job() -> None:
+        work.wait()
+        finish()
+
+    return Work(_worker(group if group is not None else dist.group.WORLD).submit(job))
 
 
 # torch 2.13 renamed the two ``_tensor`` collectives; both spellings work, as in torch.

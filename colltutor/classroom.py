@@ -1,4 +1,4 @@
-"""Student and instructor editions: ``python -m colltutor classroom build --out DIR``.
+"""Student and instructor editions, and an nbgrader course (``classroom``).
 
 Exercise cells follow one convention, which any course notebook may use:
 
@@ -19,10 +19,15 @@ The student edition also has every output cleared.  The exercise notebooks
 :mod:`colltutor.solutions` (``classroom notebooks``); run
 ``tools/execute_notebooks.py`` on them afterwards to store their outputs.
 
+The same notebooks also export as an nbgrader course (``classroom nbgrader``):
+solution regions marked for nbgrader, and each check replaced by two autograded
+cells, the values and the algorithm (:func:`nbgrader_source`).
+
 Commands::
 
-    python -m colltutor classroom build --out DIR   # DIR/student, DIR/instructor
-    python -m colltutor classroom notebooks         # rewrite the exercise notebooks
+    python -m colltutor classroom build --out DIR     # DIR/student, DIR/instructor
+    python -m colltutor classroom nbgrader --out DIR  # DIR as an nbgrader course
+    python -m colltutor classroom notebooks           # rewrite the exercise notebooks
 """
 
 from __future__ import annotations
@@ -64,13 +69,12 @@ def source(cell: dict) -> str:
 
 # -- stubs ---------------------------------------------------------------------------
 
-def stub(code: str) -> str:
-    """The student's version of a solution cell: every top-level function keeps its
-    signature, docstring and numbered phase comments; its body raises
-    ``NotImplementedError``.  Other top-level statements are dropped."""
+def _functions(code: str):
+    """Each top-level function of ``code``: ``(node, head, body, indent, hints)``,
+    where ``head`` is its decorators, signature and docstring, ``body`` the lines
+    after them and ``hints`` the numbered ``# 1.`` phase comments of the body."""
     tree = ast.parse(code)
     lines = code.splitlines()
-    parts = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
             continue
@@ -80,10 +84,19 @@ def stub(code: str) -> str:
             getattr(body, "value", None), ast.Constant) and isinstance(
             body.value.value, str)
         head_end = body.end_lineno if has_doc else node.body[0].lineno - 1
-        head = lines[first - 1:head_end]
-        indent = " " * (node.body[0].col_offset)
-        hints = [line for line in lines[head_end:node.end_lineno]
+        rest = lines[head_end:node.end_lineno]
+        hints = [line for line in rest
                  if line.strip().startswith("# ") and line.strip()[2:3].isdigit()]
+        yield (node, lines[first - 1:head_end], rest,
+               " " * node.body[0].col_offset, hints)
+
+
+def stub(code: str) -> str:
+    """The student's version of a solution cell: every top-level function keeps its
+    signature, docstring and numbered phase comments; its body raises
+    ``NotImplementedError``.  Other top-level statements are dropped."""
+    parts = []
+    for node, head, _, indent, hints in _functions(code):
         parts.append("\n".join(
             head + [f"{indent}# Your code here. The solution's steps:"] + hints
             + [f'{indent}raise NotImplementedError("{node.name}: write it, then '
@@ -236,6 +249,130 @@ def write_exercise_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     return paths
 
 
+# -- an nbgrader course --------------------------------------------------------------
+
+POINTS = {"values": 3, "algorithm": 1}
+"""Points of an exercise's two autograded cells: right results in every case, and
+the messages of the algorithm asked for (the instructor guide's rubric)."""
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+CONFIG = '''\
+# nbgrader's configuration for the colltutor course, written by
+# python -m colltutor classroom nbgrader; run nbgrader commands in this folder.
+c = get_config()
+c.CourseDirectory.course_id = "colltutor"
+# What replaces each solution region in the students' copy.
+c.ClearSolutions.code_stub = {{"python": {stub!r}}}
+# A check runs up to 8 ranks per world size; a deadlock stops after 10 s each.
+c.Execute.timeout = 300
+'''
+
+
+def marked(code: str) -> str:
+    """A solution cell in nbgrader's form: each top-level function keeps its
+    signature, docstring and numbered phase comments, and its body goes between
+    ``### BEGIN SOLUTION`` and ``### END SOLUTION``, which nbgrader replaces by a stub
+    in the students' copy.  Any other top-level code is one region of its own."""
+    functions = list(_functions(code))
+    if len(functions) != len(ast.parse(code).body):  # not only functions
+        return f"{BEGIN}\n{code.rstrip()}\n{END}\n"
+    parts = []
+    for _, head, body, indent, hints in functions:
+        parts.append("\n".join(head + [f"{indent}# The solution's steps:"] + hints
+                               + [indent + BEGIN] + body + [indent + END]))
+    return "\n\n\n".join(parts) + "\n"
+
+
+def _nbgrader(cell: dict, grade_id: str, *, solution: bool = False,
+              points: int | None = None) -> dict:
+    """``cell`` with nbgrader's metadata: a solution, an autograded test (with
+    ``points``) or a read-only cell."""
+    from nbgrader.nbgraderformat import SCHEMA_VERSION
+
+    cell = _cleared(cell)
+    meta = {"grade": points is not None, "grade_id": grade_id,
+            "locked": not solution, "schema_version": SCHEMA_VERSION,
+            "solution": solution}
+    if points is not None:
+        meta["points"] = points
+    cell["metadata"] = {"nbgrader": meta}
+    return cell
+
+
+def _graded(check: dict, function: str) -> list[dict]:
+    """The autograded cells that replace a ``colltutor.check(fn, collective,
+    expect=...)`` cell: the values without ``expect=``, then the algorithm with it;
+    each fails by raising, as nbgrader requires."""
+    call = ast.parse(source(check)).body[-1].value
+    given = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    fn = call.args[0].id if call.args else function
+    collective = (ast.literal_eval(call.args[1]) if len(call.args) > 1
+                  else given["collective"])
+    expect = given.get("expect")
+    steps = [("values", "", "gives a wrong result")]
+    if expect:
+        steps.append(("algorithm", f', expect="{expect}"',
+                      f"is not the {expect} algorithm"))
+    cells = []
+    for kind, extra, what in steps:
+        text = (f'report = colltutor.check({fn}, "{collective}"{extra})\n'
+                f"print(report)\n"
+                f'assert report.ok, "{fn} {what}: see the report above"')
+        cells.append(_nbgrader(_code(text), f"{fn}_{kind}", points=POINTS[kind]))
+    return cells
+
+
+def nbgrader_source(nb: dict) -> dict:
+    """One notebook as an nbgrader assignment's source: solution cells marked
+    (:func:`marked`), the check after each replaced by two autograded cells (values,
+    algorithm), hand-written stubs dropped, every other cell read-only."""
+    nb = copy.deepcopy(nb)
+    cells, function = [], None
+    for cell in (c for c in nb["cells"] if STUB not in tags(c)):
+        text = source(cell)
+        if SOLUTION in tags(cell):
+            function = next((f[0].name for f in _functions(text)), "solution")
+            cells.append(_nbgrader({**cell, "source": marked(text)}, function,
+                                   solution=True))
+        elif function and cell["cell_type"] == "code" and "colltutor.check(" in text:
+            cells += _graded(cell, function)
+            function = None
+        else:
+            cells.append(_nbgrader(cell, f"cell{len(cells)}"))
+    for cell in cells:
+        cell["id"] = cell["metadata"]["nbgrader"]["grade_id"].replace("_", "-")
+    nb["cells"] = cells
+    nb.get("metadata", {}).pop("widgets", None)
+    return nb
+
+
+def export_nbgrader(out: Path, notebooks: Sequence[Path] | None = None
+                    ) -> list[Path]:
+    """Write an nbgrader course in ``out``: ``nbgrader_config.py`` and, for every
+    course notebook with solution cells (or the given ones), the assignment
+    ``source/NAME/NAME.ipynb``.  ``nbgrader generate_assignment NAME`` then makes the
+    students' copy, ``nbgrader autograde NAME`` grades their submissions."""
+    import nbformat
+
+    stub_text = 'raise NotImplementedError("write it, then run the checks below")'
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nbgrader_config.py").write_text(
+        CONFIG.format(stub=f"# Your code here\n{stub_text}"), encoding="utf-8")
+    written = []
+    for path in sorted(notebooks or NOTEBOOKS.glob("*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        if not any(SOLUTION in tags(c) for c in nb["cells"]):
+            continue
+        nb = nbformat.from_dict(nbgrader_source(nb))
+        target = out / "source" / path.stem / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, target)
+        written.append(target)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m colltutor classroom",
@@ -247,10 +384,21 @@ def main(argv: list[str] | None = None) -> int:
                       help="notebooks (default: every notebooks/*.ipynb)")
     sub.add_parser("notebooks", help="rewrite notebooks/0N_exercises.ipynb from "
                    "colltutor.solutions (then run tools/execute_notebooks.py)")
+    course = sub.add_parser("nbgrader", help="write DIR as an nbgrader course: "
+                            "DIR/nbgrader_config.py, DIR/source/NAME/NAME.ipynb")
+    course.add_argument("--out", type=Path, required=True)
+    course.add_argument("notebooks", nargs="*", type=Path,
+                        help="notebooks (default: every notebook with exercises)")
     args = parser.parse_args(argv)
     if args.command == "notebooks":
         for path in write_exercise_notebooks():
             print(f"wrote {path}")
+        return 0
+    if args.command == "nbgrader":
+        paths = export_nbgrader(args.out, args.notebooks or None)
+        print(f"nbgrader course in {args.out}: {len(paths)} assignments "
+              f"({', '.join(p.stem for p in paths)}); there, run nbgrader "
+              "generate_assignment NAME, then nbgrader autograde NAME")
         return 0
     written = build(args.out, args.notebooks or None)
     for edition, paths in written.items():
@@ -258,5 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["build", "exercise_notebook", "instructor_edition", "main", "stub",
-           "student_edition", "write_exercise_notebooks"]
+__all__ = ["build", "exercise_notebook", "export_nbgrader", "instructor_edition",
+           "main", "marked", "nbgrader_source", "stub", "student_edition",
+           "write_exercise_notebooks"]

@@ -4,13 +4,14 @@ Examples::
 
     python -m colltutor demo all_reduce --algorithm ring --world-size 4
     torchrun --nproc-per-node 4 -m colltutor demo all_reduce --algorithm ring
+    mpiexec -n 4 python -m colltutor demo all_reduce --backend mpi
     torchrun --nnodes 2 --node-rank K --master-addr HOST --nproc-per-node 2 \\
         -m colltutor demo all_to_all
 
-Without torchrun the ranks are started by :func:`colltutor.run`; under torchrun each
-process is one rank, and rank 0 prints for all of them.  Rank ``r`` holds the
-numbers ``(r + 1) * 10 + i`` so every value says where it came from, and every result
-is checked against the answer computed directly from all the inputs.
+Without torchrun or mpiexec the ranks are started by :func:`colltutor.run`; under
+either, each process is one rank, and rank 0 prints for all of them.  Rank ``r``
+holds the numbers ``(r + 1) * 10 + i`` so every value says where it came from, and
+every result is checked against the answer computed directly from all the inputs.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
                         "all_to_all; default 4)")
     p.add_argument("--root", type=int, default=0, help="root rank (default 0)")
     p.add_argument("--op", choices=OPS, default="sum", help="reduction (default sum)")
-    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "mpi"),
+                   help="auto: gloo, NCCL with a GPU per rank, MPI under mpiexec")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     return p
 
@@ -189,13 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                        f"choose from {', '.join(known)}")
     from colltutor import runtime
 
-    size = int(os.environ["WORLD_SIZE"]) if runtime.under_torchrun() else \
-        args.world_size
+    size = (int(os.environ["WORLD_SIZE"]) if runtime.under_torchrun() else
+            runtime.mpiexec_size() or args.world_size)
     if not 0 <= args.root < size:
         parser().error(f"--root must be in 0..{size - 1}")
     results = runtime.launch(_run_collective, args, world_size=size,
                              backend=args.backend, timeout=args.timeout)
-    if os.environ.get("RANK", "0") != "0" and runtime.under_torchrun():
+    if runtime.launched_rank() != 0:  # rank 0 prints for every rank
         return 0
     _, ours = collective_function(args.collective)
     what = f"colltutor.{args.collective}" if ours else \

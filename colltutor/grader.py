@@ -18,7 +18,10 @@ plain words: world size, rank, expected against received values, and a hint wher
 the values show a classic mistake.  A deadlock is reported within ``timeout``
 seconds with the call every rank was blocked in.  With ``expect=`` the messages
 of the first case are compared with :func:`colltutor.cost.counts`'s closed forms,
-which tells a ring from a naive ring.  Chapters 3-8 end with exercises that use it.
+which tells a ring from a naive ring.  With ``simulate="h100-cluster:32"`` a solution
+that passes also runs on a simulated cluster of 256 GPUs (:func:`colltutor.simulate`),
+checked there too, and the report prints its simulated busbw beside the reference
+algorithm's (Chapter 12).  Chapters 3-8 end with exercises that use it.
 """
 
 from __future__ import annotations
@@ -165,10 +168,40 @@ def _refuse(name: str, where: str) -> Callable:
     return refused
 
 
+class _Patches:
+    """The patches :func:`_guarded` installs, counted: in a simulation every rank
+    is a thread of one process, so they stay while any rank's code runs, and each
+    thread's calls go to its own rank's ``comm`` (``_local.comm``)."""
+
+    lock = threading.Lock()
+    users = 0
+    saved: list[tuple[object, str, object]] = []
+
+
 @contextlib.contextmanager
 def _guarded(comm: p2p.Comm) -> Iterator[None]:
     """While the learner's code runs: refuse built-in collectives, and send
     torch.distributed's point-to-point calls through ``comm`` so they are traced."""
+    outer = getattr(_local, "comm", None)
+    _local.comm = comm
+    with _Patches.lock:
+        if _Patches.users == 0:
+            _Patches.saved = _install()
+        _Patches.users += 1
+    try:
+        yield
+    finally:
+        with _Patches.lock:
+            _Patches.users -= 1
+            if _Patches.users == 0:
+                for obj, name, value in _Patches.saved:
+                    setattr(obj, name, value)
+        _local.comm = outer
+
+
+def _install() -> list[tuple[object, str, object]]:
+    """Patch torch.distributed, colltutor and Comm for :func:`_guarded`; return
+    what to restore."""
     import colltutor
     import colltutor.api as api
 
@@ -178,19 +211,19 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
     def recv(tensor, src=None, group=None, tag=0, group_src=None):
         if src is None and group_src is None:
             with _layer():
-                return comm.recv_any(tensor.view(-1))
+                return _local.comm.recv_any(tensor.view(-1))
         irecv(tensor, src, group, tag, group_src).wait()
         return src if src is not None else group_src
 
     def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
         with _layer():
             peer = dst if dst is not None else group_dst
-            return comm.post(sends=[(peer, tensor.view(-1))])
+            return _local.comm.post(sends=[(peer, tensor.view(-1))])
 
     def irecv(tensor, src=None, group=None, tag=0, group_src=None):
         with _layer():
             peer = src if src is not None else group_src
-            return comm.post(recvs=[(peer, tensor.view(-1))])
+            return _local.comm.post(recvs=[(peer, tensor.view(-1))])
 
     def batch(p2p_ops):
         with _layer():
@@ -198,7 +231,7 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
                      if o.op.__name__ == "isend"]
             recvs = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
                      if o.op.__name__ == "irecv"]
-            return [comm.post(sends, recvs)]
+            return [_local.comm.post(sends, recvs)]
 
     ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
             "batch_isend_irecv": batch}
@@ -234,11 +267,7 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
+    return saved
 
 
 def _expected(collective: str, case: Case, rank: int, p: int) -> dict:
@@ -464,6 +493,8 @@ class Report:
     cases: int = 0
     world_sizes: tuple[int, ...] = ()
     failure: dict = field(default_factory=dict)
+    simulated: dict = field(default_factory=dict)
+    """With ``simulate=``: the learner's and the reference's simulated runs."""
 
     def __repr__(self) -> str:
         return self.message
@@ -474,7 +505,8 @@ class Report:
 
 def check(fn: Callable, collective: str, expect: str | None = None, *,
           world_sizes: Sequence[int] = WORLD_SIZES, timeout: float = 10.0,
-          large: int = LARGE) -> Report:
+          large: int = LARGE, simulate: str | None = None,
+          simulate_bytes: int = 64 << 20) -> Report:
     """Run ``fn`` as ``collective`` on each of ``world_sizes`` ranks over many cases
     (:func:`cases`) and compare every rank's result with torch.distributed's.
 
@@ -484,6 +516,14 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     case must then match :func:`colltutor.cost.counts`.  A world size that does not
     finish within ``timeout`` seconds is reported as a deadlock.  Returns a
     :class:`Report`: true if every case passed, and its message says what failed.
+
+    ``simulate``: a topology (``"h100-cluster:32"``, 256 GPUs; see
+    :func:`colltutor.topologies`).  Once every case has passed, ``fn`` also runs
+    there on SimGrid (:func:`colltutor.simulate`): once with real tensors, whose
+    result is checked, and once on ``simulate_bytes`` of meta tensors, whose
+    simulated busbw the report prints beside the reference algorithm's (``expect``,
+    or colltutor's own choice).  A simulated cluster of hundreds of ranks takes
+    a minute or more of real time.
     """
     if collective not in SIGNATURES:
         raise ValueError(f"unknown collective {collective!r}; choose from "
@@ -511,7 +551,70 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
         shape = registry.find(collective)[expect].shape
         message += f"; every rank sends what a {_algo(expect, collective)} sends " \
                    f"({shape})"
-    return Report(True, collective, expect, message, total, tuple(world_sizes))
+    report = Report(True, collective, expect, message, total, tuple(world_sizes))
+    if simulate is not None:
+        _on_cluster(report, fn, simulate, simulate_bytes, timeout)
+    return report
+
+
+def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
+                timeout: float) -> None:
+    """Run ``fn`` on a simulated cluster: right there too, and how fast beside
+    the reference algorithm.  Adds to ``report`` (and fails it if wrong)."""
+    from colltutor import topologies, tuning
+    from colltutor.simulate import simulate
+    from colltutor.transports import simgrid
+
+    collective = report.collective
+    if not simgrid.available():
+        report.message += f"\n  not simulated on {topology}: {simgrid.INSTALL}"
+        return
+    cluster = topologies.get(topology)
+    p = cluster.ranks
+    reference = report.expect or tuning.choose(collective, nbytes, p)
+    guarded = _on_simulated_rank(fn)
+    where = f"{topology} ({p} simulated ranks)"
+    try:
+        small = simulate(collective, 4 * p * 4, cluster, guarded, real=True,
+                         trace=False, timeout=max(timeout, 600))
+        large = simulate(collective, nbytes, cluster, guarded, real=False,
+                         trace=False, timeout=max(timeout, 600))
+    except RuntimeError as error:  # SimulationError: raised or deadlocked
+        report.ok = False
+        report.message = (f"FAILED {_name(fn)} as {collective} on {where}: "
+                          f"{str(error).splitlines()[0]}\n  {error}")
+        return
+    if not small.correct:
+        report.ok = False
+        report.message = (f"FAILED {_name(fn)} as {collective} on {where}: the "
+                          f"ranks' buffers do not hold the {collective} of their "
+                          f"inputs ({small.nbytes} bytes, real tensors)")
+        return
+    ref = simulate(collective, nbytes, cluster, reference, real=False, trace=False,
+                   timeout=max(timeout, 600))
+    report.simulated = {"topology": cluster.name, "ranks": p, "bytes": nbytes,
+                        "busbw": large.busbw, "seconds": large.seconds,
+                        "messages": large.messages, "reference": reference,
+                        "reference_busbw": ref.busbw,
+                        "reference_seconds": ref.seconds,
+                        "reference_messages": ref.messages}
+    from colltutor.bench import human
+
+    report.message += (
+        f"\n  simulated on {cluster.name}, {p} ranks, {collective} of "
+        f"{human(nbytes)}: {_name(fn)} {large.busbw:.1f} GB/s busbw "
+        f"({large.seconds * 1e6:.0f} us, {large.messages} messages); reference "
+        f"{reference} {ref.busbw:.1f} GB/s ({ref.seconds * 1e6:.0f} us, "
+        f"{ref.messages} messages)")
+
+
+def _on_simulated_rank(fn: Callable) -> Callable:
+    """``fn`` with :func:`_guarded` around it, as each simulated rank runs it."""
+    def guarded(comm: p2p.Comm, *args: object) -> None:
+        with _guarded(comm):
+            fn(comm, *args)
+    guarded.__name__ = _name(fn)
+    return guarded
 
 
 def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],

@@ -82,7 +82,7 @@ _TEXT = 240  # bytes of an argument error's message that other ranks see
 _NONE = -1
 
 
-def _kind(name: str) -> str:
+def table_name(name: str) -> str:
     """The algorithm table a public name uses: ``all_gather_into_tensor`` ->
     ``all_gather``."""
     return name.removesuffix("_tensor").removesuffix("_into").removesuffix("_single")
@@ -132,14 +132,16 @@ def collective(algorithms: Callable[[str], list[str]],
 
         @functools.wraps(fn)
         def checked(*args, **kwargs):
-            if not enabled():
-                return fn(*args, **kwargs)
             arguments = dict(defaults)  # what signature.bind does, ten times faster
             arguments.update(zip(names, args))
             arguments.update(kwargs)
+            if not enabled():
+                check_like_torch(fn.__name__, arguments)
+                return fn(*args, **kwargs)
             call = _Call(fn.__name__, arguments, algorithms)
             token = _current.set(call)
             try:
+                check_like_torch(call.name, arguments)
                 return fn(*args, **kwargs)
             except Exception as error:
                 if not call.agreed:
@@ -223,14 +225,14 @@ def _fingerprint(call: _Call, comm: Comm) -> list[int]:
     row[1] = int(call.error is not None)
     if call.error is None:
         row[2:len(_FIELDS)] = _describe(call, comm)
-        if _kind(call.name) == "all_to_all":
+        if table_name(call.name) == "all_to_all":
             row[len(_FIELDS):] = _split_counts(call, p)
     return [_MAGIC] + row
 
 
 def _describe(call: _Call, comm: Comm) -> list[int]:
     """``[dtype, numel, op, root, algorithm]`` of a call whose arguments are valid."""
-    a, kind = call.arguments, _kind(call.name)
+    a, kind = call.arguments, table_name(call.name)
     main = {"all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
             "reduce_scatter": "output", "reduce_scatter_tensor": "output",
             "all_to_all": None, "all_to_all_single": "input",
@@ -274,6 +276,72 @@ def _split_counts(call: _Call, p: int) -> list[int]:
     return counts
 
 
+# -- torch.distributed's own checks -----------------------------------------------
+
+TENSORS = {
+    "broadcast": ("tensor",), "reduce": ("tensor",), "all_reduce": ("tensor",),
+    "all_gather": ("tensor",),
+    "all_gather_into_tensor": ("output_tensor", "input_tensor"),
+    "gather": ("tensor",), "scatter": ("tensor",), "reduce_scatter": ("output",),
+    "reduce_scatter_tensor": ("output", "input"),
+    "all_to_all_single": ("output", "input"),
+}
+"""Collective -> its arguments that must be one tensor (``_check_single_tensor`` in
+torch 2.13's ``distributed_c10d.py``)."""
+
+LISTS = {
+    "all_gather": ("tensor_list",), "gather": ("gather_list",),
+    "scatter": ("scatter_list",), "reduce_scatter": ("input_list",),
+    "all_to_all": ("output_tensor_list", "input_tensor_list"),
+    "all_reduce_coalesced": ("tensors",),
+    "all_gather_coalesced": ("input_tensor_list",),
+}
+"""Collective -> its arguments that must be a ``list`` of tensors
+(``_check_tensor_list``); gather's and scatter's may be left out off the root."""
+
+NOT_FOR_COMPLEX = frozenset({ops.ReduceOp.MAX, ops.ReduceOp.MIN, ops.ReduceOp.PRODUCT,
+                             *ops.BITWISE})
+"""The ops torch refuses on complex tensors (``supports_complex``): they have no
+meaning on complex numbers, and gloo would apply them to the real pairs."""
+
+
+def check_like_torch(name: str, arguments: dict[str, Any]) -> None:
+    """Refuse what ``torch.distributed`` 2.13 refuses before a collective, with the
+    same exception type and a message that names the argument: a list where a
+    tensor belongs or the other way round (``TypeError``), tensors of different
+    dtypes, an op that complex tensors do not support (``ValueError``)."""
+    for what in TENSORS.get(name, ()):
+        value = arguments[what]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: expected parameter `{what}` of type "
+                            f"torch.Tensor but got {type(value).__name__} instead")
+    for what in LISTS.get(name, ()):
+        value = arguments[what]
+        if name in ("gather", "scatter") and (value is None or value == []):
+            continue  # only the root passes one
+        if not isinstance(value, list) or not all(
+                isinstance(t, torch.Tensor) for t in value):
+            got = type(value).__name__
+            if isinstance(value, list):
+                got += " of " + ", ".join(sorted({type(t).__name__ for t in value}))
+            raise TypeError(f"{name}: expected parameter `{what}` of type "
+                            f"list[torch.Tensor] but got {got} instead")
+    named = [(what, arguments[what]) for what in TENSORS.get(name, ())]
+    named += [(f"{what}[{i}]", t) for what in LISTS.get(name, ())
+              for i, t in enumerate(arguments[what] or ())]
+    tensors = [t for _, t in named]
+    for what, t in named[1:]:
+        if t.dtype != tensors[0].dtype:
+            raise ValueError(
+                f"{name}: {what} is {str(t.dtype).removeprefix('torch.')} but "
+                f"{named[0][0]} is {str(tensors[0].dtype).removeprefix('torch.')}; "
+                "every tensor must have the same dtype")
+    op = arguments.get("op")
+    if op in NOT_FOR_COMPLEX and any(t.is_complex() for t in tensors):
+        raise ValueError(f"{name} does not support ReduceOp.{ops.op_name(op)} on "
+                         "complex tensors (`tensor` is complex)")
+
+
 # -- local argument checks --------------------------------------------------------
 
 
@@ -291,13 +359,8 @@ def _check_locally(call: _Call, comm: Comm) -> None:
                for t in _tensors(value)]
     for name, tensor in tensors:
         check_device(tensor, comm.backend, name)
-    dtypes = {t.dtype for _, t in tensors}
-    if len(dtypes) > 1:
-        listed = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        raise TypeError(f"{call.name}: every tensor must have the same dtype, got "
-                        f"{listed}")
     algorithm = call.arguments.get("algorithm")
-    kind = _kind(call.name)
+    kind = table_name(call.name)
     if algorithm is not None and algorithm not in call.algorithms(kind):
         raise ValueError(f"{kind} has no algorithm {algorithm!r}; choose from "
                          f"{', '.join(call.algorithms(kind))}")
@@ -397,7 +460,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
     if any(row[0] != _MAGIC for row in table):
         return f"{name}: a rank sent a garbled fingerprint (checks off on some ranks?)"
     names = [NAMES[row[1]] for row in table]
-    if len({_kind(n) for n in names}) > 1:
+    if len({table_name(n) for n in names}) > 1:
         said = [f"{_ranks(rs)} called {n}" for n, rs in _by_value(names, ranks)]
         return " while ".join(said)
     show = {
@@ -405,7 +468,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
         "op": lambda i: ops.op_name(ops.ALL_OPS[i]),
         "root": lambda r: f"rank {ranks[r]}",
         "algorithm": lambda i: ("the default" if i < 0
-                                else call.algorithms(_kind(name))[i]),
+                                else call.algorithms(table_name(name))[i]),
     }
     lines = []
     for column, field in enumerate(_FIELDS[2:], start=2):
@@ -415,7 +478,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
                     for v, rs in _by_value(values, ranks)]
             label = "element count" if field == "numel" else field
             lines.append(f"{name}: ranks disagree on {label}: " + ", ".join(said))
-    if _kind(name) == "all_to_all" and not lines:
+    if table_name(name) == "all_to_all" and not lines:
         lines += _compare_splits(name, ranks, table)
     return "\n".join(lines)
 

@@ -183,9 +183,13 @@ class Comm:
         self.group = group
         if transport is None:
             self.group = group if group is not None else dist.group.WORLD
-            rank, size, backend, ranks = membership(self.group)
-            kind = NcclRulesTransport if nccl_rules.active() else TorchTransport
-            transport = kind(self.group, rank, ranks, backend, tag)
+            own = getattr(self.group, "transport", None)  # MPI's groups bring one
+            if own is not None:
+                transport = own(tag)
+            else:
+                rank, size, backend, ranks = membership(self.group)
+                kind = NcclRulesTransport if nccl_rules.active() else TorchTransport
+                transport = kind(self.group, rank, ranks, backend, tag)
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.global_ranks, self.device = transport.names, transport.device

@@ -177,7 +177,8 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
     Inside ``fn`` a process group is ready (gloo on CPU, NCCL with one GPU per rank
-    when ``backend="nccl"`` or when ``"auto"`` sees at least ``world_size`` GPUs), so
+    when ``backend="nccl"`` or when ``"auto"`` sees at least ``world_size`` GPUs; MPI
+    with ``backend="mpi"``, the ranks then started by ``mpiexec``), so
     ``torch.distributed`` and ``colltutor`` calls work as usual.  Rank output is
     printed after the run, prefixed ``[rank r]`` (live with ``stream=True``).
     Raises :class:`RankError` if a rank fails and :class:`RankTimeoutError` after
@@ -186,6 +187,15 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
     timeout = math.inf if timeout is None else float(timeout)
+    if backend == "mpi":  # ranks started by mpiexec (needs mpi4py and an MPI)
+        from colltutor.transports import mpiexec
+
+        ended = mpiexec.run(_client.pickle_task(fn, args, kwargs), world_size, timeout)
+        if ended.timed_out:
+            raise RankTimeoutError(ended.pending, timeout, world_size)
+        if ended.failures:
+            raise RankError(ended.failures, world_size)
+        return ended.results
     with _client.lock:
         server = _client.server()  # starts it if needed, without waiting for it
         backend = _choose_backend(backend, world_size)
@@ -260,19 +270,48 @@ def under_torchrun() -> bool:
                for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+_MPI_RANK = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")  # MPICH's hydra, Open MPI
+_MPI_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+
+def under_mpiexec() -> bool:
+    """True in a process started by ``mpiexec`` (MPICH's or Open MPI's)."""
+    return any(k in os.environ for k in _MPI_RANK)
+
+
+def mpiexec_size() -> int | None:
+    """The number of processes ``mpiexec`` started, or None outside mpiexec."""
+    found = [os.environ[k] for k in _MPI_SIZE if k in os.environ]
+    return int(found[0]) if found and under_mpiexec() else None
+
+
+def launched_rank() -> int:
+    """This process's rank as torchrun or mpiexec numbered it (0 otherwise)."""
+    if under_torchrun():
+        return int(os.environ["RANK"])
+    found = [os.environ[k] for k in _MPI_RANK if k in os.environ]
+    return int(found[0]) if found else 0
+
+
 def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, int]:
     """Make ``torch.distributed`` ready in this process; return (rank, world size).
 
     Inside :func:`run` the group is already there.  Under torchrun this joins the
     group it describes (``env://``; NCCL with ``torch.cuda.set_device(LOCAL_RANK)``
-    when ``"auto"`` sees a GPU per local rank).  Anywhere else: a world of one rank.
+    when ``"auto"`` sees a GPU per local rank).  Under ``mpiexec`` with ``"mpi"`` (or
+    ``"auto"``) it joins ``MPI_COMM_WORLD`` (:mod:`colltutor.transports.mpi`).
+    Anywhere else: a world of one rank.
     """
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
         wait = datetime.timedelta(seconds=timeout)
-        if under_torchrun():
+        if backend == "mpi" or (backend == "auto" and under_mpiexec()):
+            from colltutor.transports import mpi  # needs mpi4py
+
+            mpi.init(wait)
+        elif under_torchrun():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE",
                                             os.environ["WORLD_SIZE"]))
@@ -308,7 +347,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4,
     """
     import torch.distributed as dist
 
-    if not (under_torchrun() or dist.is_initialized()):
+    if not (under_torchrun() or under_mpiexec() or dist.is_initialized()):
         return run(fn, world_size, *args, backend=backend, timeout=timeout,
                    stream=stream, **kwargs)
     joined = not dist.is_initialized()

@@ -24,10 +24,12 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import inspect
 import math
 import os
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,10 +93,11 @@ class Result:
 
 
 def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
-             algorithm: str | None = None, *, op: object = "sum",
+             algorithm: str | Callable[..., None] | None = None, *, op: object = "sum",
              dtype: torch.dtype = torch.float32, root: int = 0,
              real: bool | None = None, trace: bool | None = None,
              options: dict[str, Any] | None = None,
+             late: dict[int, float] | None = None,
              timeout: float | None = None) -> Result:
     """Simulate ``collective`` of ``nbytes`` on ``topology`` with ``algorithm``.
 
@@ -107,8 +110,11 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     (default: when all buffers together hold at most :data:`REAL_UP_TO` bytes).
     ``trace``: record a trace (default: on at most :data:`TRACE_UP_TO` ranks that
     send at most :data:`TRACE_MESSAGES` messages).  ``options``: keyword arguments
-    for the algorithm (``{"channels": 4}``).  Hierarchical algorithms see the
-    topology's nodes (``LOCAL_WORLD_SIZE``).
+    for the algorithm (``{"channels": 4}``).  ``late``: stragglers, ``{rank:
+    seconds}`` by which those ranks enter the collective late (``seconds`` then
+    counts from the first rank entering).  ``algorithm`` may also be a function
+    with the signature of the registry's (a learner's, :func:`colltutor.check`).
+    Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed.
     """
@@ -123,7 +129,8 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
         raise ValueError(f"unknown collective {collective!r}; choose from "
                          f"{', '.join(registry.COLLECTIVES)}")
     algorithm = algorithm or tuning.choose(name, nbytes, p)
-    if algorithm != "nvls" and algorithm not in registry.find(name):
+    if not callable(algorithm) and algorithm != "nvls" and \
+            algorithm not in registry.find(name):
         raise ValueError(f"{name} has no algorithm {algorithm!r}; choose from "
                          f"{', '.join(registry.find(name))}")
     if algorithm == "nvls" and not (name == "all_reduce" and topology.nvls):
@@ -133,14 +140,16 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
         real = p * nbytes <= REAL_UP_TO
     op = op.upper() if isinstance(op, str) else ops.op_name(op)
     return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
-               real, trace, options or {}, backend="gloo", timeout=timeout)[0]
+               real, trace, options or {}, late or {}, backend="gloo",
+               timeout=timeout)[0]
 
 
 # -- inside the simulation's process ---------------------------------------------
 
-def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: str,
+def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
                    op: str, dtype: torch.dtype, root: int, real: bool,
-                   record: bool | None, options: dict[str, Any]) -> Result:
+                   record: bool | None, options: dict[str, Any],
+                   late: dict[int, float]) -> Result:
     p = topology.ranks
     os.environ["LOCAL_WORLD_SIZE"] = str(topology.ranks_per_node)
     op = getattr(ops.ReduceOp, op)
@@ -158,8 +167,10 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: str,
         if algorithm == "nvls":
             nvls_rank(comm, bufs[0], op)
         else:
-            fn = registry.find(collective)[algorithm].fn
-            _call(collective, functools.partial(fn, **options), comm, bufs, op, root)
+            fn = algorithm if callable(algorithm) else \
+                registry.find(collective)[algorithm].fn
+            _call(collective, functools.partial(fn, **_known_sizes(
+                collective, fn, device, p, count, options)), comm, bufs, op, root)
         return bufs if real else None
 
     def switch(comm: p2p.Comm) -> None:
@@ -174,7 +185,7 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: str,
 
     outcome = sim.run(topology, program, device,
                       switch if algorithm == "nvls" else None,
-                      observer if recorders else None)
+                      observer if recorders else None, late)
     outputs = outcome.results[:p] if real else None
     merged = None
     if recorders and (record or outcome.messages <= TRACE_MESSAGES):
@@ -182,10 +193,24 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: str,
             r._finish()
         merged = tracing.merge(recorders, collective=collective, algorithm=algorithm,
                                count=count, root=root, op=ops.op_name(op))
+    if callable(algorithm):
+        algorithm = getattr(algorithm, "__name__", "function")
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
                   outcome.messages, outcome.wall, outcome.build, merged, outputs,
                   _correct(collective, outputs, p, count, dtype, root, op)
                   if real else None)
+
+
+def _known_sizes(collective: str, fn: Any, device: torch.device, p: int, count: int,
+                 options: dict[str, Any]) -> dict[str, Any]:
+    """``options``, plus the block sizes an all-to-all would first exchange (Bruck's
+    ``counts``) when its tensors are meta tensors, which hold no sizes to send: the
+    even blocks of :func:`buffers`.  That exchange of p² integers is then not
+    simulated."""
+    if (collective == "all_to_all" and device.type == "meta"
+            and "counts" in inspect.signature(fn).parameters):
+        return {"counts": [[count // p] * p for _ in range(p)], **options}
+    return options
 
 
 class SimTrace(tracing.RankTrace):

@@ -29,7 +29,6 @@ DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
     "reduce": [(64 * KiB, "binomial_tree"), (None, "reduce_scatter_gather")],
     "all_reduce": [(16 * KiB, "recursive_doubling"), (None, "pipelined_ring")],
     # large gathers and scatters: the tree forwards blocks that linear sends once
-    # (measured, 4 ranks: 16 MiB scatter 7.5 ms linear against 9.6 ms tree)
     "gather": [(64 * KiB, "binomial_tree"), (None, "linear")],
     "scatter": [(64 * KiB, "binomial_tree"), (None, "linear")],
     "all_gather": [(16 * KiB, "bruck"), (None, "ring")],
@@ -51,42 +50,16 @@ BY_SIZE: dict[tuple[str, int], list[tuple[int | None, str]]] = {
 }
 """Rows for one world size that replace the collective's :data:`DEFAULTS` rows.
 
-All-to-all and all-gather on 2 or 3 ranks: Bruck takes as many steps as the
-pairwise exchange or the ring (``ceil(lg p) = p - 1``) and packs and rotates blocks
-besides, so they win at every size (1 KiB on 2 ranks: all-to-all 0.30-0.48 ms
-against 0.37-0.56 ms, all-gather 0.26-0.42 ms against 0.33-0.55 ms).
-
-All-to-all on 4 ranks: everything posted at once, as gloo's own all-to-all does,
-beats three pairwise steps from 1 MiB up (1 MiB: 2.2-2.9 ms against 2.8-3.2 ms,
-16 MiB: 27-31 ms against 31-33 ms, two runs alternating with native gloo): the
-ranks share two cores, so there is no link to overload, and each step the pairwise
-exchange waits for is one more wait for a core.
-
-All-reduce on 2 ranks: recursive doubling (one exchange of the whole buffer) up to
-1 MiB, where every message costs a wake-up of the posting thread: 1 MiB 0.98-1.05 ms
-against 1.02-1.12 ms for the pipelined ring (its two steps), three runs alternating
-with native gloo; at 4 MiB the ring's halved reductions win (2.48-2.57 ms against
-2.56-2.62 ms).
-
-All-reduce on 4 ranks: up to 1 MiB the two binomial trees (4 steps) beat the ring
-(6 steps, the same bytes in all) in three runs out of three on this course's 2-core
-machine (1 MiB 2.7-3.4 ms against 3.8-4.8 ms), and tie with the pipelined ring.
-Since each step's Python was trimmed, the ring ties with them at 1 MiB (2.79-2.89 ms
-against 2.73-2.91 ms, four runs) and loses at 512 KiB (2.22 ms against 1.44 ms).
-From 4 MiB the pipelined ring wins, every rank sending 1.5 n where the trees' root
-sends and receives 2 n: 16 MiB 26-30 ms against 34-38 ms for the trees (native gloo
-27-30 ms), 4 MiB 7.9-8.4 ms against 9.3-9.6 ms, in five runs alternating with
-native gloo.
-
-Broadcast and reduce: on two ranks scatter + all-gather sends the same bytes as the
-tree in two steps instead of one (2 alpha + n beta against alpha + n beta): measured
-at 16 MiB with gloo, 15 ms against 5-8 ms. Measured on 2 and 4 ranks, the tree also
-wins for reduce, and on 4 ranks for both (3 ranks follow by the same argument): when
-all ranks share a few cores (a laptop, this course's 2-core machine), the time
-follows the bytes copied by all ranks together, which the tree keeps at ``(p-1) n``
-against about ``2 (p-1) n`` for the two-phase algorithms, rather than the busiest
-link's bytes (Chapter 9: 16 MiB reduce on 4 ranks, 23 ms against
-31 ms; on 2 ranks, 7 ms against 11 ms)."""
+Measured on the course's 2-core development machine (2 to 4 ranks sharing two
+cores, gloo over the loopback interface), where time follows the bytes all ranks
+copy and the steps in which a rank waits for a core, more than the busiest link's
+bytes: binomial trees for broadcast and reduce on up to 4 ranks; the ring and the
+pairwise exchange where Bruck takes as many steps (2 and 3 ranks); everything
+posted at once for a large all-to-all on 4 ranks; for all-reduce, one exchange of
+the whole buffer up to 1 MiB on 2 ranks, and the two binomial trees from 16 KiB to
+1 MiB on 4.  The measurements are in the book's appendix "Measuring on your own
+machine"; ``python -m colltutor bench --fit -n P --write PATH`` derives a table for
+your machine, which :func:`choose` then prefers."""
 
 USER_TABLE = Path("~/.config/colltutor/tuning.json")
 """Where ``bench --fit --write`` puts a re-fitted table; ``$COLLTUTOR_TUNING`` (a

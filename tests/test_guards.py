@@ -194,8 +194,9 @@ def test_an_argument_error_on_one_rank_stops_every_rank(mistakes) -> None:
                     "tensor must be contiguous")
     _one_rank_wrong(mistakes, "wrong_device", 1, "ValueError",
                     "tensor is on meta, but the gloo backend moves CPU tensors only")
-    _one_rank_wrong(mistakes, "all_to_all_list_dtypes", 0, "TypeError",
-                    "all_to_all: every tensor must have the same dtype")
+    _one_rank_wrong(mistakes, "all_to_all_list_dtypes", 0, "ValueError",
+                    "all_to_all: input_tensor_list[0] is int64 but "
+                    "output_tensor_list[0] is float32")
 
 
 def test_argument_errors_on_every_rank_are_reported_locally(mistakes) -> None:

@@ -324,3 +324,43 @@ def test_the_command_line_prints_a_row_per_algorithm(capsys):
 
 def test_real_tensors_are_the_default_only_when_small():
     assert REAL_UP_TO <= 1 << 26
+
+
+@needs_simgrid
+def test_a_straggler_delays_the_collective_by_at_most_its_delay():
+    """Rank 0 enters ``late`` seconds after the others: the ring all-reduce still
+    gives the right answer, cannot end before the straggler's data has gone round
+    (more than ``late`` plus half the collective), and costs at most the delay on
+    top of the collective's own time (the others only wait)."""
+    p, n = 4, 1 << 20
+    on_time = colltutor.simulate("all_reduce", n, Star("s", p, 1 * GB), "ring")
+    late = 2 * on_time.seconds
+    straggling = colltutor.simulate("all_reduce", n, Star("s", p, 1 * GB), "ring",
+                                    late={0: late})
+    assert straggling.correct
+    assert late + on_time.seconds / 2 < straggling.seconds
+    assert straggling.seconds <= (late + on_time.seconds) * 1.01
+
+
+@needs_simgrid
+def test_a_function_simulates_as_its_registry_name():
+    """``algorithm`` may be a function (the checker passes a learner's): the
+    registry's own ring, passed as a function, takes the same simulated time."""
+    ring = registry.find("all_gather")["ring"].fn
+    by_name = colltutor.simulate("all_gather", 1 << 16, "h100-cluster:2", "ring")
+    by_function = colltutor.simulate("all_gather", 1 << 16, "h100-cluster:2", ring)
+    assert by_function.correct and by_function.algorithm == "ring"
+    assert by_function.seconds == by_name.seconds
+    assert by_function.messages == by_name.messages == 15 * 16
+
+
+@needs_simgrid
+def test_bruck_all_to_all_runs_on_meta_tensors():
+    """Meta tensors hold no block sizes for Bruck's all-to-all to exchange; the
+    simulation hands it the even sizes, and it takes its lg p rounds' time."""
+    p, n = 4, 1 << 20
+    result = colltutor.simulate("all_to_all", n, Star("s", p, 1 * GB), "bruck",
+                                real=False)
+    rounds = int(math.log2(p))  # each sends half of a rank's n bytes to one peer
+    assert result.correct is None and result.messages == p * rounds
+    assert result.seconds == pytest.approx(rounds * n / 2 / (1 * GB), rel=0.01)

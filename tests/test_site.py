@@ -30,6 +30,7 @@ import http.server
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -473,3 +474,85 @@ def test_quick_start_opens_jupyterlab() -> None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (argv, done.stderr[-2000:])
         assert re.match(r"\d+\.\d+", done.stdout.strip()), done.stdout
+
+
+# --- Citations ------------------------------------------------------------------------
+# Pages cite their sources with {cite}`key` (sphinxcontrib-bibtex, configured in
+# _config.yml); book/references.bib holds the entries.  A key that is not there must
+# fail the `-W` build, not turn silently into a bare word.
+
+CITE_ROLE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+
+
+def _bibtex_config() -> dict:
+    """The Sphinx settings that `jupyter-book build` derives from _config.yml."""
+    config = pytest.importorskip("jupyter_book.config",
+                                 reason="jupyter-book is not installed")
+    sphinx_config, *_ = config.get_final_config(
+        user_yaml=ROOT / "_config.yml", cli_config={"latex_individualpages": False},
+        sourcedir=ROOT)
+    return sphinx_config
+
+
+def _cited_keys() -> dict[str, set[str]]:
+    """Every key cited on the course's pages and notebooks, with where it is cited."""
+    cited: dict[str, set[str]] = {}
+    for path in [*sorted((ROOT / "book").glob("*.md")),
+                 *sorted((ROOT / "notebooks").glob("*.ipynb"))]:
+        for keys in CITE_ROLE.findall(path.read_text(encoding="utf-8")):
+            for key in keys.split(","):
+                cited.setdefault(key.strip(), set()).add(path.name)
+    return cited
+
+
+def _bib_keys() -> set[str]:
+    pybtex = pytest.importorskip("pybtex.database", reason="pybtex is not installed")
+    return set(pybtex.parse_file(str(ROOT / "book" / "references.bib")).entries)
+
+
+def test_every_citation_is_in_the_bibliography() -> None:
+    sphinx_config = _bibtex_config()
+    assert "sphinxcontrib.bibtex" in sphinx_config["extensions"]
+    assert sphinx_config["bibtex_bibfiles"] == ["book/references.bib"]
+    missing = {key: sorted(pages) for key, pages in _cited_keys().items()
+               if key not in _bib_keys()}
+    assert not missing, f"cited but not in book/references.bib: {missing}"
+
+
+def test_every_source_says_where_to_find_it() -> None:
+    pybtex = pytest.importorskip("pybtex.database", reason="pybtex is not installed")
+    entries = pybtex.parse_file(str(ROOT / "book" / "references.bib")).entries
+    unfindable = [key for key, entry in entries.items()
+                  if not {"doi", "url"} & {field.lower() for field in entry.fields}]
+    assert not unfindable, f"entries with neither doi nor url: {unfindable}"
+
+
+@pytest.mark.parametrize("key", ["thakur2005mpich", "no-such-source-2099"])
+def test_unknown_citation_fails_the_strict_build(tmp_path: Path, key: str) -> None:
+    """A two-page Sphinx project with the book's bibliography settings, built -W."""
+    pytest.importorskip("myst_parser", reason="myst-parser is not installed")
+    sphinx_config = _bibtex_config()
+    (tmp_path / "book").mkdir()
+    shutil.copy(ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
+    settings = {name: sphinx_config[name] for name in
+                ("bibtex_bibfiles", "bibtex_reference_style", "suppress_warnings")}
+    (tmp_path / "conf.py").write_text(
+        "extensions = ['myst_parser', 'sphinxcontrib.bibtex']\n"
+        + "".join(f"{name} = {value!r}\n" for name, value in settings.items()),
+        encoding="utf-8")
+    (tmp_path / "index.md").write_text(
+        f"# Page\n\nAs shown by {{cite}}`{key}`.\n\n```{{toctree}}\nrefs\n```\n",
+        encoding="utf-8")
+    (tmp_path / "refs.md").write_text("# Bibliography\n\n```{bibliography}\n```\n",
+                                      encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html",
+         str(tmp_path), str(tmp_path / "_build")],
+        capture_output=True, text=True, timeout=120)
+    if key in _bib_keys():
+        assert done.returncode == 0, done.stderr[-2000:]
+        listed = (tmp_path / "_build" / "refs.html").read_text(encoding="utf-8")
+        assert "Thakur" in listed, "the cited entry is not on the bibliography page"
+    else:
+        assert done.returncode != 0, "an unknown citation key did not fail the -W build"
+        assert key in done.stderr, done.stderr[-2000:]

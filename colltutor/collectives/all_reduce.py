@@ -2,9 +2,8 @@
 
 Contract of every algorithm here: ``fn(comm, buf, op)`` replaces every rank's
 ``buf`` by ``op`` over all ranks' ``buf`` (:func:`ops.finish` applied exactly once,
-so AVG is divided once).  ``n`` is the size of ``buf``.  Four of the six are
-compositions of other collectives or of the ring, and the code says so by calling
-them.
+so AVG is divided once).  ``n`` is the size of ``buf``.  Most are compositions of
+other collectives or of the ring, and the code says so by calling them.
 """
 
 from __future__ import annotations
@@ -154,8 +153,10 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     on few ranks, so that one column's additions overlap the other's transfers.
     Each message is short enough to stay in the cache where the ring's whole
     blocks do not.  This shares NCCL's schedule (chunks of every block following
-    each other round the ring), not its kernels or channels.  Messages:
-    2(p-1) k; bytes as :func:`ring`.  Chapter 6, All-Reduce.
+    each other round the ring), not its machinery: NCCL runs one GPU kernel, splits
+    the buffer between channels, and keeps slices of several chunks in flight
+    through FIFO buffers.  Messages: 2(p-1) k; bytes as :func:`ring`.  Chapter 6,
+    All-Reduce.
     """
     block = -(-buf.numel() // comm.size) * buf.element_size()
     segment, depth = ring_schedule(block, comm.size)

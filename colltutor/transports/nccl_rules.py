@@ -108,8 +108,7 @@ class Work:
         self.group = group
 
     def wait(self, timeout: Any = None) -> bool:
-        pending = _waits.__dict__.setdefault("groups", [])
-        pending.append(self.group)
+        adopt([self.group])
         return True
 
     def is_completed(self) -> bool:
@@ -125,8 +124,9 @@ def _commit(group: _Group) -> None:
         raise RuntimeError(f"NCCL group failed: {group.error}") from group.error
     with _lock:
         if not group.committed:
-            for destination, staging in group.landing:
-                destination.copy_(staging)
+            with torch.no_grad():  # the network writes memory; autograd never sees it
+                for destination, staging in group.landing:
+                    destination.copy_(staging)
             group.committed = True
             _posted.remove(group)
 
@@ -149,9 +149,14 @@ def hand_over() -> list:
 
 
 def adopt(groups: list) -> None:
-    """Make this thread's stream wait for what another thread handed over."""
+    """Make this thread's stream wait for what another thread handed over.
+
+    Inside autograd's backward the next operations on the stream are the engine's
+    own, which this emulation cannot see: the data becomes visible at once."""
     if groups:
         _waits.__dict__.setdefault("groups", []).extend(groups)
+        if getattr(_waits, "in_backward", False):
+            _catch_up()
 
 
 def synchronize() -> None:
@@ -178,7 +183,43 @@ class _StreamOrder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(_waits, "groups", None):
             _catch_up()
+        if func in _BACKWARD:
+            # backward runs Python (autograd functions that call collectives) whose
+            # tensor operations keep the stream order too; a mode is off while it
+            # handles a call, so run the engine with this mode entered again
+            _waits.in_backward = True
+            try:
+                with self:
+                    return _backward(*args, **(kwargs or {}))
+            finally:
+                _waits.in_backward = False
         return func(*args, **(kwargs or {}))
+
+
+_BACKWARD = {torch.Tensor.backward, torch.autograd.backward}
+
+
+def _backward(tensors, gradient=None, retain_graph=None, create_graph=False,
+              inputs=None, grad_tensors=None) -> None:
+    """``torch.autograd.backward`` past its ``__torch_function__`` check (torch 2.13's
+    own steps: the default gradients, then the engine)."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    grads = gradient if gradient is not None else grad_tensors
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grads, len(tensors)),
+                        is_grads_batched=False)
+    if inputs is None:
+        inputs = ()
+    elif isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    else:
+        inputs = tuple(inputs.values() if isinstance(inputs, dict) else inputs)
+    _engine_run_backward(tensors, grads,
+                         create_graph if retain_graph is None else retain_graph,
+                         create_graph, inputs, allow_unreachable=True,
+                         accumulate_grad=True)
 
 
 def enter_thread() -> None:

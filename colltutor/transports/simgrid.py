@@ -304,13 +304,16 @@ class SimulationError(RuntimeError):
 
 def run(topology: Any, program: Callable[..., Any], device: torch.device,
         switch: Callable[..., Any] | None = None,
-        observer: Callable[[int], Any] | None = None) -> Outcome:
+        observer: Callable[[int], Any] | None = None,
+        late: dict[int, float] | None = None) -> Outcome:
     """Run ``program(comm)`` as every rank of ``topology`` (and ``switch(comm)`` as
     two more ranks on the switch, for NVLink SHARP); once per process.
 
     ``observer(rank)``, when given, makes an observer (a trace recorder) that sees
-    every step of that rank (:func:`colltutor.p2p.observe`).
+    every step of that rank (:func:`colltutor.p2p.observe`).  ``late``: ranks that
+    enter the collective late (stragglers), and by how many simulated seconds.
     """
+    late = late or {}
     from colltutor import p2p
 
     sg = load()
@@ -333,8 +336,8 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
                     stack.enter_context(p2p.observe(observer(rank)))
                 comm = comms[rank] = p2p.Comm(transport=SimTransport(world, rank,
                                                                      device))
-            if topology.launch:
-                sg.this_actor.sleep_for(topology.launch)
+            if topology.launch or late.get(rank):
+                sg.this_actor.sleep_for(topology.launch + late.get(rank, 0.0))
             body = program if rank < topology.ranks else switch
             results[rank] = body(comm)
             world.settle()

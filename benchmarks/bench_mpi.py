@@ -1,0 +1,209 @@
+"""colltutor over MPI against MPICH's own collectives, beside the same over gloo.
+
+For each world size (2 and 4 ranks) two runs: one on gloo (``colltutor.run``), one on
+MPI (``colltutor.run(..., backend="mpi")``, ranks started by MPICH's ``mpiexec``).
+Each run times, in alternating blocks (``bench_collectives._measure``: each block
+after an untimed block of the same calls, the slowest rank's mean, the median over
+rounds), the backend's native collective (``torch.distributed``'s: gloo's, or
+MPICH's through mpi4py), colltutor's default algorithm on that backend, and the
+backend's point-to-point limit between ranks 0 and 1 (ping-pong, one way at a time,
+and an exchange, both ways at once).  Sizes: every collective at 1 KiB, 1 MiB and
+16 MiB; all-reduce also at 64 KiB, 4 MiB and 64 MiB.  busbw as nccl-tests defines
+it; GB = 1e9 bytes.  Then, on 2 ranks, the smallest messages: what one step of
+colltutor's point-to-point layer and one small collective cost against the backend's
+own calls (and a bare mpi4py ``Sendrecv``).  ``--algorithms-only`` instead times
+every colltutor all-reduce algorithm against MPICH's ``MPI_Allreduce`` on MPI.
+
+Run:  nice -n 10 python benchmarks/bench_mpi.py [--ranks 2 4] [--rounds 5]
+          [--json out.json] [--algorithms-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_collectives  # noqa: E402
+
+import colltutor  # noqa: E402
+from colltutor import bench  # noqa: E402
+
+SIZES = ["1K", "1M", "16M"]
+ALL_REDUCE_EXTRA = ["64K", "4M", "64M"]
+
+
+def plan(collectives: list[str]) -> list[tuple[str, int]]:
+    steps = []
+    for c in collectives:
+        extra = ALL_REDUCE_EXTRA if c == "all_reduce" else []
+        sizes = sorted(bench.parse_size(s) for s in SIZES + extra)
+        steps += [(c, 0)] if c == "barrier" else [(c, n) for n in sizes]
+    return steps
+
+
+def per_message(rounds: int) -> dict[str, float]:
+    """Microseconds per call of the smallest messages on 2 ranks, alternating: the
+    backend's own exchange (isend + irecv) and all-reduce, colltutor's
+    ``Comm.sendrecv`` (one step of the point-to-point layer), colltutor's
+    all-reduce by recursive doubling (one such step on 2 ranks, as MPICH's short
+    all-reduce) and by ring (two steps), with the argument checks off, then on."""
+    import torch
+    import torch.distributed as dist
+
+    from colltutor import guards
+    from colltutor.p2p import Comm
+
+    a, b = torch.zeros(1), torch.zeros(1)
+    peer, comm = 1 - dist.get_rank(), Comm(dist.group.WORLD, tag=77)
+
+    def exchange() -> None:
+        for work in (dist.isend(a, peer), dist.irecv(b, peer)):
+            work.wait()
+
+    def checked(on: bool, algorithm: str = "ring"):
+        def call() -> None:
+            guards.set_checks(on)
+            colltutor.all_reduce(a, algorithm=algorithm)
+        return call
+
+    sides = {"backend's exchange (isend+irecv)": exchange,
+             "colltutor Comm.sendrecv (1 step)": lambda: comm.sendrecv(a, peer, b,
+                                                                      peer),
+             "backend's all_reduce": lambda: dist.all_reduce(a),
+             "colltutor recursive doubling (1 step)": checked(False,
+                                                              "recursive_doubling"),
+             "colltutor ring all_reduce (2 steps)": checked(False),
+             "  the same, argument checks on": checked(True)}
+    if dist.get_backend() == "mpi4py":
+        from mpi4py import MPI
+
+        sides["mpi4py Sendrecv (no Python layer)"] = lambda: MPI.COMM_WORLD.Sendrecv(
+            a.numpy(), peer, recvbuf=b.numpy(), source=peer)
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, call in sides.items():
+            times[side].append(bench.time_calls(call, 200, 50) * 1e6)
+    guards.set_checks(True)
+    return {side: statistics.median(t) for side, t in times.items()}
+
+
+def algorithms_vs_mpich(sizes: list[int], rounds: int) -> list[dict[str, float]]:
+    """On MPI: every colltutor all-reduce algorithm against MPICH's own
+    ``MPI_Allreduce`` at each size, timed in alternating blocks (checks off)."""
+    import torch
+    import torch.distributed as dist
+
+    from colltutor import guards
+
+    guards.set_checks(False)
+    rows = []
+    for nbytes in sizes:
+        buf = torch.ones(nbytes // 4)
+        sides = {"MPICH": lambda b=buf: dist.all_reduce(b)}
+        for name in colltutor.algorithms("all_reduce"):
+            sides[name] = lambda b=buf, a=name: colltutor.all_reduce(b, algorithm=a)
+        for call in sides.values():
+            call()
+        calls = bench.calls_per_block(sides["MPICH"])
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side, call in sides.items():
+                times[side].append(bench.time_calls(call, calls, calls))
+        rows.append({"bytes": nbytes} | {side: statistics.median(t) * 1e6
+                                         for side, t in times.items()})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--collectives", nargs="+", default=list(bench.COLLECTIVES))
+    ap.add_argument("--no-per-message", action="store_true")
+    ap.add_argument("--algorithms-only", action="store_true",
+                    help="only every all-reduce algorithm against MPICH's, on MPI")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    if args.algorithms_only:
+        return all_reduce_algorithms(args)
+    print(f"float32, sum; microseconds per call, median of {args.rounds} alternating "
+          "rounds; busbw in GB/s (GB = 1e9 bytes)")
+    print("ct = colltutor's default algorithm on that backend; gloo = "
+          "torch.distributed's own on gloo; MPICH = MPICH's own collective "
+          "(mpi4py); p2p = that backend's ping-pong between ranks 0 and 1 (one way), "
+          "xchg = both ways at once (GB/s each way)")
+    print(f"{'p':>2} {'collective':<15} {'size':>6} {'ct algorithm':<18} | "
+          f"{'gloo':>8} {'ct':>8} {'busbw':>6} {'busbw':>6} | {'MPICH':>8} {'ct':>8} "
+          f"{'busbw':>6} {'busbw':>6} {'MPICH':>6} | {'ct gl':>6} | {'p2p':>6} "
+          f"{'p2p':>6} {'xchg':>6} {'xchg':>6}")
+    print(f"{'':>2} {'':<15} {'':>6} {'':<18} | {'us':>8} {'us':>8} {'gloo':>6} "
+          f"{'ct':>6} | {'us':>8} {'us':>8} {'MPICH':>6} {'ct':>6} {'/ ct':>6} | "
+          f"{'/ ct':>6} | {'gloo':>6} {'MPI':>6} {'gloo':>6} {'MPI':>6}")
+    print(f"load average (1, 5, 15 min) at the start: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    results = []
+    for p in args.ranks:
+        steps = plan(args.collectives)
+        rows = {}
+        for backend in ("gloo", "mpi"):
+            ran = colltutor.run(bench_collectives._measure, p, steps, args.rounds,
+                                True, backend=backend, timeout=None)
+            rows[backend] = ran[0]
+        for g, m in zip(rows["gloo"], rows["mpi"], strict=True):
+            size = bench.human(g["bytes"]) if g["bytes"] else "-"
+            print(f"{p:>2} {g['collective']:<15} {size:>6} {g['algorithm']:<18} | "
+                  f"{g['native_us']:>8.1f} {g['colltutor_us']:>8.1f} "
+                  f"{g['native_busbw']:>6.3f} {g['busbw']:>6.3f} | "
+                  f"{m['native_us']:>8.1f} {m['colltutor_us']:>8.1f} "
+                  f"{m['native_busbw']:>6.3f} {m['busbw']:>6.3f} "
+                  f"{m['native_us'] / m['colltutor_us']:>6.2f} | "
+                  f"{g['colltutor_us'] / m['colltutor_us']:>6.2f} | "
+                  f"{g['p2p_GBps']:>6.3f} {m['p2p_GBps']:>6.3f} "
+                  f"{g['exchange_GBps']:>6.3f} {m['exchange_GBps']:>6.3f}", flush=True)
+            results.append({"p": p, "gloo": g, "mpi": m})
+    print("MPICH / ct: MPICH's time / colltutor's over MPI (>= 1: colltutor as fast "
+          "or faster); ct gl / ct: colltutor's time over gloo / over MPI (> 1: the "
+          "same algorithm is faster on MPI's point-to-point)")
+    if not args.no_per_message:
+        small = {backend: colltutor.run(per_message, 2, args.rounds, backend=backend,
+                                        timeout=None)[0] for backend in ("gloo", "mpi")}
+        print(f"\nthe smallest messages (4 bytes), 2 ranks: microseconds per call, "
+              f"median of {args.rounds} alternating rounds of 200 calls")
+        print(f"{'':<38} {'gloo':>8} {'MPI':>8}")
+        for side in small["mpi"]:
+            gloo = small["gloo"].get(side, float("nan"))
+            print(f"{side:<38} {gloo:>8.1f} {small['mpi'][side]:>8.1f}")
+        results.append({"per_message": small})
+    print(f"load average (1, 5, 15 min) at the end: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def all_reduce_algorithms(args: argparse.Namespace) -> None:
+    sizes = [bench.parse_size(n) for n in ("64K", "4M", "16M")]
+    print(f"all_reduce on MPI, float32 sum: microseconds per call, median of "
+          f"{args.rounds} alternating rounds; MPICH = MPI_Allreduce, then every "
+          "colltutor algorithm over MPI point-to-point")
+    print(f"load average (1, 5, 15 min) at the start: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    for p in args.ranks:
+        rows = colltutor.run(algorithms_vs_mpich, p, sizes, args.rounds,
+                             backend="mpi", timeout=None)[0]
+        names = [k for k in rows[0] if k != "bytes"]
+        print(f"\n{p} ranks   " + " ".join(f"{bench.human(r['bytes']):>9}"
+                                          for r in rows))
+        for name in names:
+            print(f"{name:<20} " + " ".join(f"{r[name]:>9.0f}" for r in rows))
+    print(f"load average (1, 5, 15 min) at the end: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""``"colltutor"``: a torch.distributed backend whose collectives are colltutor's.
+
+``import colltutor`` registers it, so that ``dist.init_process_group("colltutor")`` and
+``dist.new_group(backend="colltutor")`` make groups whose every collective, whether
+called through ``torch.distributed``, DDP or FSDP, runs one of colltutor's algorithms
+(the default, the one ``colltutor.use`` chose, or a learner's own function).
+
+A group is a :class:`ProcessGroup` subclass, as PyTorch's own Python process group
+(``torch/testing/_internal/distributed/multi_threaded_pg.py``) is: PyTorch calls its
+methods (``allreduce``, ``broadcast``, ...) with option objects, and each method calls
+the colltutor function of the same collective on this group.  The bytes move as
+point-to-point messages of a gloo group built over the same store, which is also
+registered as the group's CPU backend: what PyTorch's C++ asks of a device backend
+without calling back into Python (the functional collectives' all-gather and
+reduce-scatter, used by DTensor) goes to it, as the README explains.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from colltutor import api
+from colltutor.p2p import membership
+from colltutor.transports.torch_dist import TorchTransport
+
+NAME = "colltutor"
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """One group of the ``"colltutor"`` backend, as one rank sees it."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int,
+                 timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        # the messages' transport: gloo over the same store, under its own prefix
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank,
+                                          size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self.gloo)
+
+    def getBackendName(self) -> str:  # noqa: N802 (PyTorch's name)
+        return NAME
+
+    def name(self) -> str:
+        return NAME
+
+    def __repr__(self) -> str:
+        return f"colltutor.ProcessGroup(rank={self._rank}, size={self._size})"
+
+    # -- collectives: each one colltutor call on this group ------------------------
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or c10d.BroadcastOptions()
+        return self._run(api.broadcast, tensors, tensors[0], group_src=opts.rootRank)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or c10d.ReduceOptions()
+        return self._run(api.reduce, tensors, tensors[0], op=opts.reduceOp.op,
+                         group_dst=opts.rootRank)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or c10d.AllreduceOptions()
+        return self._run(api.all_reduce, tensors, tensors[0], op=opts.reduceOp.op)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or c10d.AllreduceCoalescedOptions()
+        return self._run(api.all_reduce_coalesced, tensors, tensors,
+                         op=opts.reduceOp.op)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self._run(api.all_gather_coalesced, output_lists, output_lists,
+                         input_list)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._run(api.all_gather, output_tensors, output_tensors[0],
+                         input_tensors[0])
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._run(api.all_gather_into_tensor, [output], output, input)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._each(api.all_gather_into_tensor, outputs, zip(outputs, inputs))
+
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or c10d.GatherOptions()
+        root = opts.rootRank
+        outputs = output_tensors[0] if self._rank == root else None
+        return self._run(api.gather, output_tensors, input_tensors[0], outputs,
+                         group_dst=root)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or c10d.ScatterOptions()
+        root = opts.rootRank
+        inputs = input_tensors[0] if self._rank == root else None
+        return self._run(api.scatter, output_tensors, output_tensors[0], inputs,
+                         group_src=root)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or c10d.ReduceScatterOptions()
+        return self._run(api.reduce_scatter, output_tensors, output_tensors[0],
+                         input_tensors[0], op=opts.reduceOp.op)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts or c10d.ReduceScatterOptions()
+        return self._run(api.reduce_scatter_tensor, [output], output, input,
+                         op=opts.reduceOp.op)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or c10d.ReduceScatterOptions()
+        return self._each(api.reduce_scatter_tensor, outputs, zip(outputs, inputs),
+                          op=opts.reduceOp.op)
+
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
+                      opts=None):
+        return self._run(api.all_to_all_single, [output], output, input,
+                         output_split_sizes or None, input_split_sizes or None)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._run(api.all_to_all, output_tensors, output_tensors,
+                         input_tensors)
+
+    def barrier(self, opts=None):
+        return self._run(api.barrier, [])
+
+    # -- point-to-point: gloo's own messages (colltutor's algorithms post these) ---
+
+    def transport(self, tag: int) -> TorchTransport:
+        """How :class:`colltutor.p2p.Comm` moves this group's messages: gloo's
+        point-to-point, also where NCCL's rules are emulated (they govern NCCL
+        groups; this group's messages are gloo's)."""
+        me = membership(self)
+        return TorchTransport(self, me.rank, me.global_ranks, "gloo", tag)
+
+    def send(self, tensors, dst, tag):
+        return self.gloo.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self.gloo.recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag):
+        return self.gloo.recv_anysource(tensors, tag)
+
+    # -- work objects ----------------------------------------------------------------
+
+    def _run(self, fn: Callable, outputs, *args, **kwargs) -> dist.Work:
+        """Start ``fn(*args, group=self, async_op=True)``; the returned work's
+        future gives ``outputs`` once it is done, as native work objects do."""
+        return self._finish([fn(*args, group=self, async_op=True, **kwargs)], outputs)
+
+    def _each(self, fn: Callable, outputs, pairs, **kwargs) -> dist.Work:
+        works = [fn(out, inp, group=self, async_op=True, **kwargs)
+                 for out, inp in pairs]
+        return self._finish(works, outputs)
+
+    def _finish(self, works: list, outputs) -> dist.Work:
+        future: torch.futures.Future = torch.futures.Future()
+        pending = [w for w in works if w is not None]
+        once = threading.Lock()  # the last of the works to finish completes it
+
+        def done(_=None) -> None:
+            if any(not w.is_completed() for w in pending) or not once.acquire(False):
+                return
+            try:
+                for w in pending:
+                    w.wait()
+            except Exception as error:  # handed to the caller's wait()
+                future.set_exception(error)
+                return
+            future.set_result(outputs)
+
+        for w in pending:
+            w._future.add_done_callback(done)
+        if not pending:
+            done()
+        return Work(future)
+
+
+class Work(dist.Work):
+    """What a colltutor group's collectives return, as native groups' work objects:
+    ``wait()`` (which raises the collective's error), ``is_completed()``, and
+    ``get_future()``, whose value is the collective's output tensors (DDP chains its
+    gradient buckets on it)."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self.future = future
+
+    def wait(self, timeout: object = None) -> bool:
+        self.future.wait()  # raises what the collective raised
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def is_success(self) -> bool:
+        return self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self.future.done():
+            return None
+        try:
+            self.future.value()
+        except Exception as error:  # the collective's own error
+            return error
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta
+            ) -> ProcessGroup:
+    return ProcessGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Make ``"colltutor"`` a backend name that torch.distributed knows (once)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, devices=["cpu"])

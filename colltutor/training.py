@@ -1,0 +1,321 @@
+"""Chapter 13, "Collectives in real training": the collectives behind data, fully
+sharded, tensor and expert parallelism, each written as a page on colltutor's
+functions so that every message it sends can be traced and counted.
+
+* :class:`Zero3`: ZeRO stage 3 (Rajbhandari et al. 2020), all-gather and
+  reduce-scatter of every layer's parameters;
+* :class:`ParallelMLP`: Megatron-LM's tensor-parallel MLP (Shoeybi et al. 2019),
+  one all-reduce forward and one backward;
+* :class:`MoE`: a mixture-of-experts layer whose tokens travel to their expert and
+  back by ``all_to_all_single`` with uneven splits;
+* :func:`overlap`: the picture of DDP's buckets (Li et al. 2020) all-reduced while
+  backward still runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+import colltutor
+from colltutor import draw, trace
+from colltutor.ops import ReduceOp
+from colltutor.trace import RankTrace
+
+# -- ZeRO-3: parameters, gradients and optimizer state sharded -------------------
+
+
+def _all_gather(shard: torch.Tensor, group: dist.ProcessGroup | None,
+                algorithm: str | None) -> torch.Tensor:
+    full = shard.new_empty(shard.numel() * dist.get_world_size(group))
+    colltutor.all_gather_into_tensor(full, shard, group, algorithm=algorithm)
+    return full
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: all-gather the shards into the full flat parameters.  Backward:
+    reduce-scatter (average) their gradient, so each rank gets its shard's."""
+
+    @staticmethod
+    def forward(ctx, shard, group, algorithm):
+        ctx.group, ctx.algorithm = group, algorithm
+        return _all_gather(shard, group, algorithm)
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        grad = grad_full.new_empty(grad_full.numel() // dist.get_world_size(ctx.group))
+        colltutor.reduce_scatter_tensor(grad, grad_full.contiguous(), ReduceOp.AVG,
+                                        ctx.group, algorithm=ctx.algorithm)
+        return grad, None, None
+
+
+class Zero3(torch.nn.Module):
+    """One layer under ZeRO-3: this rank keeps 1/p of its flattened parameters.
+
+    Its full parameters exist only while it runs: all-gathered before its forward,
+    dropped after it, all-gathered again when backward needs them, and their
+    gradient reduce-scattered back to the shards.  The layer keeps its structure
+    only: its own parameters are deleted.
+    """
+
+    def __init__(self, layer: torch.nn.Module, group: dist.ProcessGroup | None = None,
+                 algorithm: str | None = "ring") -> None:
+        super().__init__()
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.group, self.algorithm = group, algorithm
+        self.shapes = {name: q.shape for name, q in layer.named_parameters()}
+        flat = torch.cat([q.detach().reshape(-1) for q in layer.parameters()])
+        self.numel = flat.numel()
+        flat = F.pad(flat, (0, -self.numel % p))  # p equal shards
+        self.shard = torch.nn.Parameter(flat.chunk(p)[rank].clone())
+        for name in self.shapes:
+            owner, _, leaf = name.rpartition(".")
+            delattr(layer.get_submodule(owner), leaf)
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on ``x``, with its parameters gathered for the call."""
+        full = _Gather.apply(self.shard, self.group, self.algorithm)
+        params = dict(zip(self.shapes, full[:self.numel].split(
+            [s.numel() for s in self.shapes.values()])))
+        params = {name: q.view(self.shapes[name]) for name, q in params.items()}
+        with torch.autograd.graph.saved_tensors_hooks(*self._regather(full)):
+            return torch.func.functional_call(self.layer, params, (x,))
+
+    def _regather(self, full: torch.Tensor):
+        """Saved-tensor hooks: what autograd saves of the full parameters is kept
+        as its place in them, and backward all-gathers them again to read it."""
+        storage, packed, again = full.untyped_storage().data_ptr(), [0], []
+
+        def pack(t: torch.Tensor):
+            if t.untyped_storage().data_ptr() != storage:
+                return t  # an activation: autograd keeps it as usual
+            packed[0] += 1
+            return t.shape, t.stride(), t.storage_offset()
+
+        def unpack(saved):
+            if isinstance(saved, torch.Tensor):
+                return saved
+            if not again:
+                again.append(_all_gather(self.shard.detach(), self.group,
+                                         self.algorithm))
+            full_again = again[0]
+            packed[0] -= 1
+            if packed[0] == 0:
+                again.clear()  # the last read: drop the full parameters again
+            return full_again.as_strided(*saved)
+
+        return pack, unpack
+
+
+def zero3(model: torch.nn.Sequential, group: dist.ProcessGroup | None = None,
+          algorithm: str | None = "ring") -> torch.nn.Sequential:
+    """``model`` with every layer that has parameters wrapped in :class:`Zero3`."""
+    return torch.nn.Sequential(*[
+        Zero3(layer, group, algorithm) if any(True for _ in layer.parameters())
+        else layer for layer in model])
+
+
+# -- Tensor parallelism: Megatron-LM's MLP ----------------------------------------
+
+
+class _Copy(torch.autograd.Function):
+    """Megatron's ``f``: identity forward; all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, algorithm):
+        ctx.group, ctx.algorithm = group, algorithm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        colltutor.all_reduce(grad, group=ctx.group, algorithm=ctx.algorithm)
+        return grad, None, None
+
+
+class _Reduce(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce forward; identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, algorithm):
+        x = x.contiguous().clone()
+        colltutor.all_reduce(x, group=group, algorithm=algorithm)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class ParallelMLP(torch.nn.Module):
+    """Linear, GeLU, Linear split over the group as Megatron-LM splits it
+    (Shoeybi et al. 2019): the first layer by output columns, the second by input
+    rows, so that GeLU runs on local columns and the only messages are one
+    all-reduce of the output forward and one of the input's gradient backward."""
+
+    def __init__(self, first: torch.nn.Linear, second: torch.nn.Linear,
+                 group: dist.ProcessGroup | None = None,
+                 algorithm: str | None = None) -> None:
+        super().__init__()
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.group, self.algorithm = group, algorithm
+        mine = lambda t, dim: torch.nn.Parameter(t.detach().chunk(p, dim)[rank].clone())  # noqa: E731
+        self.w1, self.b1 = mine(first.weight, 0), mine(first.bias, 0)  # columns
+        self.w2 = mine(second.weight, 1)                                # rows
+        self.b2 = torch.nn.Parameter(second.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole MLP's output on every rank (``x``: the same on every rank)."""
+        x = _Copy.apply(x, self.group, self.algorithm)                  # f
+        h = F.gelu(F.linear(x, self.w1, self.b1))                       # my columns
+        y = _Reduce.apply(F.linear(h, self.w2), self.group, self.algorithm)  # g
+        return y + self.b2
+
+
+# -- Expert parallelism: a mixture of experts ------------------------------------
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits; its gradient goes back the same
+    way with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, send, receive, group):
+        ctx.splits, ctx.group = (send, receive), group
+        out = x.new_empty((sum(receive),) + x.shape[1:])
+        colltutor.all_to_all_single(out, x.contiguous(), receive, send, group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, receive = ctx.splits
+        return _AllToAll.apply(grad, receive, send, ctx.group), None, None, None
+
+
+class MoE(torch.nn.Module):
+    """A top-1 mixture of experts (Shazeer et al. 2017), its experts spread over
+    the ranks as in GShard: the router is replicated, expert ``e`` lives on rank
+    ``e``.  Each token travels to its expert's rank and back: two
+    ``all_to_all_single`` with as many tokens per rank as the router chose."""
+
+    def __init__(self, router: torch.nn.Linear, experts: Sequence[torch.nn.Module],
+                 group: dist.ProcessGroup | None = None) -> None:
+        super().__init__()
+        self.group = group
+        self.router = router
+        self.expert = experts[dist.get_rank(group)]  # mine; the others are elsewhere
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens ``x``, each through the expert the router chose."""
+        p = dist.get_world_size(self.group)
+        gate, choice = F.softmax(self.router(x), dim=-1).max(dim=-1)
+        order = choice.argsort(stable=True)                  # tokens grouped by expert
+        send = torch.bincount(choice, minlength=p)
+        receive = torch.empty_like(send)
+        colltutor.all_to_all_single(receive, send, group=self.group)  # how many each
+        send, receive = send.tolist(), receive.tolist()
+        # 1. dispatch: each token to its expert's rank
+        arrived = _AllToAll.apply(x[order], send, receive, self.group)
+        # 2. my expert on every token that chose it, from every rank
+        done = self.expert(arrived)
+        # 3. combine: each result back to its token's rank, into the token's place
+        back = _AllToAll.apply(done, receive, send, self.group)
+        out = torch.empty_like(back).index_copy(0, order, back)
+        return gate.unsqueeze(-1) * out
+
+
+def moe_reference(router: torch.nn.Linear, experts: Sequence[torch.nn.Module],
+                  x: torch.Tensor) -> torch.Tensor:
+    """The same mixture of experts in one process, token by token's expert."""
+    gate, choice = F.softmax(router(x), dim=-1).max(dim=-1)
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        chosen = choice == e
+        out[chosen] = expert(x[chosen])
+    return gate.unsqueeze(-1) * out
+
+
+# -- DDP: when the buckets' messages leave ----------------------------------------
+
+
+class Spans:
+    """When each layer's backward ran on this rank (``perf_counter``): from the
+    moment its output's gradient arrived to the moment its last parameter's
+    gradient was accumulated, taken by hooks, to draw against a trace."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.spans: list[tuple[str, float, float]] = []
+        for name, layer in model.named_modules():
+            params = list(layer.parameters(recurse=False))
+            if params:
+                layer.register_forward_hook(self._begin(name, len(params)))
+                for q in params:
+                    q.register_post_accumulate_grad_hook(self._end)
+
+    def _begin(self, name: str, count: int):
+        def started(grad: torch.Tensor) -> None:
+            self._open = [name, time.perf_counter(), count]
+
+        def hook(module, inputs, output) -> None:
+            if output.requires_grad:
+                output.register_hook(started)
+        return hook
+
+    def _end(self, param: torch.Tensor) -> None:
+        self._open[2] -= 1
+        if self._open[2] == 0:  # the layer's last gradient
+            self.spans.append((self._open[0], self._open[1], time.perf_counter()))
+
+    def __getstate__(self) -> dict:
+        return {"spans": self.spans}
+
+
+def overlap(traces: Sequence[RankTrace], spans: Sequence[Spans],
+            unit: float = 1e-3) -> Figure:
+    """Each rank's layers' backward (grey, upper row, labelled by layer) and the
+    messages of its all-reduces (lower row) on one time axis, from the rank traces
+    and :class:`Spans` of one run."""
+    merged = trace.merge(traces)
+    shift = min(s.start for t in traces for s in t.steps)  # merge's time 0
+    t0 = min([shift] + [a for s in spans for _, a, _ in s.spans])
+    colours = {"reduce_scatter": draw.PALETTE[0], "all_gather": draw.PALETTE[1]}
+    fig = draw.figure(figsize=(draw.WIDTH, 1.2 + 0.9 * merged.size),
+                      layout="constrained")
+    ax = fig.subplots()
+    end = 0.0
+    for r in range(merged.size):
+        y = merged.size - 1 - r
+        for name, a, b in spans[r].spans:
+            a, b = (a - t0) / unit, (b - t0) / unit
+            ax.add_patch(Rectangle((a, y + 0.5), b - a, 0.4, facecolor="#dddddd",
+                                   edgecolor="black", linewidth=0.4))
+            ax.text((a + b) / 2, y + 0.7, name, ha="center", va="center",
+                    fontsize=draw.MIN_FONT - 2)
+            end = max(end, b)
+        for m in merged.sent(r):
+            half = m.phase.rsplit("/", 1)[-1].split(".")[0]
+            a, b = (m.start + shift - t0) / unit, (m.end + shift - t0) / unit
+            ax.add_patch(Rectangle((a, y + 0.1), max(b - a, 0), 0.35,
+                                   facecolor=colours.get(half, draw.PALETTE[2]),
+                                   edgecolor="black", linewidth=0.4))
+            end = max(end, b)
+    for half, colour in colours.items():
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, label=half))
+    ax.legend(loc="upper right", fontsize=draw.MIN_FONT - 1)
+    ax.set_xlim(0, end * 1.02 or 1)
+    ax.set_ylim(0, merged.size + 0.3)
+    ax.set_yticks([merged.size - 1 - r + 0.5 for r in range(merged.size)])
+    ax.set_yticklabels([f"rank {r}" for r in range(merged.size)],
+                       fontsize=draw.MIN_FONT + 1)
+    ax.set_xlabel("time (ms)" if unit == 1e-3 else f"time (x {unit:g} s)",
+                  fontsize=draw.MIN_FONT + 1)
+    ax.set_title("backward of each layer (grey) and all-reduce messages",
+                 fontsize=draw.MIN_FONT + 2)
+    return fig
