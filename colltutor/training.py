@@ -9,13 +9,19 @@ functions so that every message it sends can be traced and counted.
 * :class:`MoE`: a mixture-of-experts layer whose tokens travel to their expert and
   back by ``all_to_all_single`` with uneven splits;
 * :func:`overlap`: the picture of DDP's buckets (Li et al. 2020) all-reduced while
-  backward still runs.
+  backward still runs;
+* :func:`profiled`, :func:`profile_timeline`: the same collectives as PyTorch's
+  profiler records them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -317,5 +323,105 @@ def overlap(traces: Sequence[RankTrace], spans: Sequence[Spans],
     ax.set_xlabel("time (ms)" if unit == 1e-3 else f"time (x {unit:g} s)",
                   fontsize=draw.MIN_FONT + 1)
     ax.set_title("backward of each layer (grey) and all-reduce messages",
+                 fontsize=draw.MIN_FONT + 2)
+    return fig
+
+
+# -- the profiler's view: one record per collective, its messages inside -----------
+
+
+@contextlib.contextmanager
+def profiling() -> Iterator[torch.profiler.profile]:
+    """``torch.profiler.profile`` of the CPU with input shapes, minus the two lines
+    that its tracing library writes to standard error as it starts and stops (they
+    carry a time and a process id, which would make every run's output differ)."""
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  record_shapes=True)
+    with _no_stderr():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _no_stderr():
+            prof.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _no_stderr() -> Iterator[None]:
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def profiled(prof: torch.profiler.profile) -> list[dict]:
+    """The ``colltutor:`` records of one rank's profile, in the order they began:
+    name, input shapes, algorithm, span (ms from the first) and the ``gloo:``
+    message records inside each (a message belongs to the earliest-ending
+    collective whose span holds it, since a group runs its collectives in order)."""
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    records = [e for e in events if e.name.startswith("colltutor:")]
+    t0 = records[0].time_range.start if records else 0
+    rows = [{"name": e.name, "async": e.is_async, "shapes": e.input_shapes,
+             "algorithm": (e.kwinputs or {}).get("algorithm"),
+             "span": ((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3),
+             "messages": []} for e in records]
+    for e in events:
+        if e.name.startswith("gloo:"):
+            a, b = (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3
+            holders = [r for r in rows if r["span"][0] <= a and b <= r["span"][1]]
+            if holders:
+                min(holders, key=lambda r: r["span"][1])["messages"].append(
+                    (e.name, a, b))
+    return rows
+
+
+def profile_timeline(ranks: Sequence[list[dict]]) -> Figure:
+    """Each rank's ``colltutor:`` records (bars, labelled by collective) and the
+    ``gloo:send``/``gloo:recv`` records inside them (ticks), from :func:`profiled`."""
+    fig = draw.figure(figsize=(draw.WIDTH, 1.2 + 0.9 * len(ranks)),
+                      layout="constrained")
+    ax = fig.subplots()
+    colours = {"gloo:send": draw.PALETTE[0], "gloo:recv": draw.PALETTE[1]}
+    end = 0.0
+    for r, rows in enumerate(ranks):
+        y = len(ranks) - 1 - r
+        ends: list[float] = []  # overlapping records go to lanes of their own
+        lanes = []
+        for row in rows:
+            a, b = row["span"]
+            k = next((k for k, e in enumerate(ends) if e <= a), len(ends))
+            ends[k:k + 1] = [b]
+            lanes.append(k)
+        height = 0.48 / max(len(ends), 1)
+        for k, row in zip(lanes, rows):
+            a, b = row["span"]
+            lane = y + 0.5 + height * k
+            ax.add_patch(Rectangle((a, lane), b - a, 0.9 * height, facecolor="#dddddd",
+                                   edgecolor="black", linewidth=0.4))
+            ax.text(a, lane + 0.45 * height, f" {row['name'].split(':')[1]}",
+                    va="center", fontsize=draw.MIN_FONT - 3)
+            for name, s, e in row["messages"]:
+                ax.add_patch(Rectangle((s, y + 0.1 + 0.18 * (name == "gloo:recv")),
+                                       max(e - s, 0), 0.16, facecolor=colours[name],
+                                       edgecolor="black", linewidth=0.3))
+            end = max(end, b)
+    for name, colour in colours.items():
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, label=name))
+    ax.legend(loc="lower left", fontsize=draw.MIN_FONT - 1)
+    ax.set_xlim(0, end * 1.02 or 1)
+    ax.set_ylim(0, len(ranks) + 0.3)
+    ax.set_yticks([len(ranks) - 1 - r + 0.5 for r in range(len(ranks))])
+    ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))],
+                       fontsize=draw.MIN_FONT + 1)
+    ax.set_xlabel("time (ms) from the rank's first colltutor record",
+                  fontsize=draw.MIN_FONT + 1)
+    ax.set_title("torch.profiler: colltutor records (grey) and their messages",
                  fontsize=draw.MIN_FONT + 2)
     return fig
