@@ -31,10 +31,12 @@ import inspect
 import os
 import queue
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from colltutor import ops, status
 from colltutor.p2p import Comm, Pending
@@ -135,6 +137,9 @@ def collective(algorithms: Callable[[str], list[str]],
             arguments = dict(defaults)  # what signature.bind does, ten times faster
             arguments.update(zip(names, args))
             arguments.update(kwargs)
+            if arguments.get("group") is dist.GroupMember.NON_GROUP_MEMBER:
+                _warn_not_in_group(fn.__name__)  # as torch: an outsider does nothing
+                return None
             if not enabled():
                 check_like_torch(fn.__name__, arguments)
                 return fn(*args, **kwargs)
@@ -154,6 +159,11 @@ def collective(algorithms: Callable[[str], list[str]],
         return checked
 
     return decorate
+
+
+def _warn_not_in_group(name: str) -> None:
+    warnings.warn(f"Running {name} on global rank {dist.get_rank()} which does not "
+                  "belong to the given group.", stacklevel=3)
 
 
 def _fail_together(call: _Call, in_order: Callable[[Any], None]) -> None:

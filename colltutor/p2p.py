@@ -138,6 +138,8 @@ def membership(group: dist.ProcessGroup | None = None) -> Membership:
     group for the first time is also when gloo's threads are placed
     (:func:`place_threads`), rather than once per collective."""
     group = group if group is not None else dist.group.WORLD
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group gives outsiders
+        return Membership(-1, 0, "", [])
     found = _groups.get(group)
     if found is None:
         ranks = dist.get_process_group_ranks(group)

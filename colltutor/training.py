@@ -406,7 +406,7 @@ def profile_timeline(ranks: Sequence[list[dict]]) -> Figure:
             ax.add_patch(Rectangle((a, lane), b - a, 0.9 * height, facecolor="#dddddd",
                                    edgecolor="black", linewidth=0.4))
             ax.text(a, lane + 0.45 * height, f" {row['name'].split(':')[1]}",
-                    va="center", fontsize=draw.MIN_FONT - 3)
+                    va="center", fontsize=draw.MIN_FONT - 2)
             for name, s, e in row["messages"]:
                 ax.add_patch(Rectangle((s, y + 0.1 + 0.18 * (name == "gloo:recv")),
                                        max(e - s, 0), 0.16, facecolor=colours[name],

@@ -357,3 +357,47 @@ def test_head_to_head_blocking_sends_are_reported_as_blocked() -> None:
     assert info.value.pending == [0, 1]
     assert "rank 0: blocked in send to rank 1" in message, message
     assert "rank 1: blocked in send to rank 0" in message, message
+
+
+def _outsiders() -> list:
+    """On 3 ranks with a group of ranks 0 and 1: each collective called on it by
+    colltutor and by torch.distributed, with what each returned and warned."""
+    import warnings
+
+    group = dist.new_group([0, 1])
+    t = torch.ones(4)
+    pair = [torch.empty(4), torch.empty(4)]
+    calls = {
+        "broadcast": lambda m: m.broadcast(t, src=0, group=group),
+        "reduce": lambda m: m.reduce(t, dst=0, group=group),
+        "all_reduce": lambda m: m.all_reduce(t, group=group),
+        "all_gather": lambda m: m.all_gather(pair, t, group=group),
+        "gather": lambda m: m.gather(t, pair if dist.get_rank() == 0 else None,
+                                     dst=0, group=group),
+        "scatter": lambda m: m.scatter(t, pair if dist.get_rank() == 0 else None,
+                                       src=0, group=group),
+        "reduce_scatter": lambda m: m.reduce_scatter(t, pair, group=group),
+        "all_to_all": lambda m: m.all_to_all(pair, pair, group=group),
+        "barrier": lambda m: m.barrier(group=group),
+    }
+    seen = []
+    for name, call in calls.items():
+        for module in (dist, colltutor):
+            if module is dist and name in ("all_to_all", "reduce_scatter"):
+                continue  # gloo has neither, member or not
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                returned = call(module)
+            seen.append((name, module.__name__, returned,
+                         any("does not belong" in str(w.message) for w in caught)))
+    return seen
+
+
+def test_a_rank_outside_the_group_does_nothing_as_in_torch() -> None:
+    """As torch.distributed: a rank that is not in the group returns None at once,
+    with torch's warning, and the members' collective goes on without it."""
+    outsider = colltutor.run(_outsiders, 3, timeout=120)[2]
+    assert {(name, module) for name, module, _, _ in outsider} >= {
+        ("broadcast", "colltutor"), ("barrier", "colltutor")}
+    for name, module, returned, warned in outsider:
+        assert returned is None and warned, (name, module)
