@@ -14,7 +14,6 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
-import math
 import os
 import selectors
 import signal
@@ -40,6 +39,11 @@ CAUSED_ELSEWHERE = ("PeerArgumentError:", "PeerLostError:")
 _STATUS_WAIT = 0.5  # after a timeout, seconds to wait for the ranks' status lines
 _STOP_WAIT = 10.0  # seconds to wait for killed ranks to be reaped
 _LONGEST = 7 * 86400.0  # torch's own timeouts when the run has none
+_WAKE = 0.25
+"""The longest the watcher waits in one go.  Python runs a signal's handler (Ctrl-C's
+KeyboardInterrupt) in the main thread only, between bytecodes; when the kernel hands
+the signal to another of the process's threads, the main thread's wait is not
+interrupted, so it must wake up by itself to see it."""
 
 
 class ServerGone(RuntimeError):
@@ -484,7 +488,7 @@ class Run:
         return outcome
 
     def _events(self, selector: selectors.BaseSelector, wait: float) -> None:
-        for key, _ in selector.select(None if wait == math.inf else wait):
+        for key, _ in selector.select(min(wait, _WAKE)):
             if key.data is None:
                 self.server.read()
                 continue
