@@ -312,19 +312,24 @@ def overlap(traces: Sequence[RankTrace], spans: Sequence[Spans],
                                    facecolor=colours.get(half, draw.PALETTE[2]),
                                    edgecolor="black", linewidth=0.4))
             end = max(end, b)
-    for half, colour in colours.items():
-        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, label=half))
-    ax.legend(loc="upper right", fontsize=draw.MIN_FONT - 1)
-    ax.set_xlim(0, end * 1.02 or 1)
-    ax.set_ylim(0, merged.size + 0.3)
-    ax.set_yticks([merged.size - 1 - r + 0.5 for r in range(merged.size)])
-    ax.set_yticklabels([f"rank {r}" for r in range(merged.size)],
-                       fontsize=draw.MIN_FONT + 1)
-    ax.set_xlabel("time (ms)" if unit == 1e-3 else f"time (x {unit:g} s)",
-                  fontsize=draw.MIN_FONT + 1)
-    ax.set_title("backward of each layer (grey) and all-reduce messages",
-                 fontsize=draw.MIN_FONT + 2)
+    _rank_rows(ax, merged.size, end, colours, "upper right",
+               "time (ms)" if unit == 1e-3 else f"time (x {unit:g} s)",
+               "backward of each layer (grey) and all-reduce messages")
     return fig
+
+
+def _rank_rows(ax, size: int, end: float, colours: dict[str, str], legend: str,
+               xlabel: str, title: str) -> None:
+    """The frame of a one-row-per-rank timeline: colour legend, axes, labels."""
+    for label, colour in colours.items():
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, label=label))
+    ax.legend(loc=legend, fontsize=draw.MIN_FONT - 1)
+    ax.set_xlim(0, end * 1.02 or 1)
+    ax.set_ylim(0, size + 0.3)
+    ax.set_yticks([size - 1 - r + 0.5 for r in range(size)])
+    ax.set_yticklabels([f"rank {r}" for r in range(size)], fontsize=draw.MIN_FONT + 1)
+    ax.set_xlabel(xlabel, fontsize=draw.MIN_FONT + 1)
+    ax.set_title(title, fontsize=draw.MIN_FONT + 2)
 
 
 # -- the profiler's view: one record per collective, its messages inside -----------
@@ -412,16 +417,7 @@ def profile_timeline(ranks: Sequence[list[dict]]) -> Figure:
                                        max(e - s, 0), 0.16, facecolor=colours[name],
                                        edgecolor="black", linewidth=0.3))
             end = max(end, b)
-    for name, colour in colours.items():
-        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, label=name))
-    ax.legend(loc="lower left", fontsize=draw.MIN_FONT - 1)
-    ax.set_xlim(0, end * 1.02 or 1)
-    ax.set_ylim(0, len(ranks) + 0.3)
-    ax.set_yticks([len(ranks) - 1 - r + 0.5 for r in range(len(ranks))])
-    ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))],
-                       fontsize=draw.MIN_FONT + 1)
-    ax.set_xlabel("time (ms) from the rank's first colltutor record",
-                  fontsize=draw.MIN_FONT + 1)
-    ax.set_title("torch.profiler: colltutor records (grey) and their messages",
-                 fontsize=draw.MIN_FONT + 2)
+    _rank_rows(ax, len(ranks), end, colours, "lower left",
+               "time (ms) from the rank's first colltutor record",
+               "torch.profiler: colltutor records (grey) and their messages")
     return fig
