@@ -139,14 +139,17 @@ def _set_device(device: int | None) -> None:
 
 def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
             body: Callable[[Comm, Callable], Any], *, algorithm: str | None,
-            nbytes: int | None, inputs: Sequence[torch.Tensor] = ()):
+            nbytes: int | None, inputs: Sequence[torch.Tensor] = (),
+            on: torch.Tensor | None = None):
     """Pick the algorithm and run ``body(comm, algorithm)``: now, or on the group's
     worker thread when ``async_op``.
 
     A synchronous call first waits for the group's earlier asynchronous ones, so that
     collectives on a group always run in the order the program issued them.  Under
     the profiler the call is one record, ``colltutor:<collective>``, that starts here
-    and ends on the thread that finishes the collective (:func:`_record`).
+    and ends on the thread that finishes the collective (:func:`_record`).  CUDA
+    tensors (``inputs``, or ``on`` where a rank has none) are used on their device,
+    after the work this thread's stream has queued on them, as NCCL does.
     """
     group = group if group is not None else dist.group.WORLD
     comm = Comm(group, tag=COLLECTIVE_TAG)
@@ -160,17 +163,19 @@ def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
     if shown is not None:
         collective, inputs = shown
     record = None if failed else _record(collective, name, inputs)
+    after = _after_stream([*inputs, *([on] if on is not None else [])])
 
     def job(elsewhere: bool) -> _Done | None:
-        try:
-            if settle is not None:
-                settle()  # the ranks agree before any of the algorithm's messages
-            with reusing_scratch():
-                body(comm, fn)
-        finally:
-            if record is not None:
-                record.__exit__(None, None, None)
-        return _Done() if elsewhere else None
+        with after():
+            try:
+                if settle is not None:
+                    settle()  # the ranks agree before any of the algorithm's messages
+                with reusing_scratch():
+                    body(comm, fn)
+            finally:
+                if record is not None:
+                    record.__exit__(None, None, None)
+            return _Done() if elsewhere else None
 
     if record is not None:
         guards.flush(group)
@@ -184,6 +189,26 @@ def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
     in_order(group)
     job(False)  # a rank whose arguments are wrong raises here, after the agreement
     return None
+
+
+def _after_stream(tensors: Sequence[torch.Tensor]
+                  ) -> Callable[[], contextlib.AbstractContextManager]:
+    """Where a collective on CUDA ``tensors`` runs, from any thread: on their device,
+    its stream first waiting for what the calling thread's stream has queued so far
+    (the inputs' last writes); for CPU tensors, anywhere."""
+    cuda = next((t.device for t in tensors if t.is_cuda), None)
+    if cuda is None:
+        return contextlib.nullcontext
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(cuda))
+
+    @contextlib.contextmanager
+    def after() -> Iterator[None]:
+        with torch.cuda.device(cuda):
+            torch.cuda.current_stream().wait_event(ready)
+            yield
+
+    return after
 
 
 def _profiled(group: ProcessGroup, job: Callable[[bool], _Done]
@@ -477,7 +502,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         fn(comm, buf, root, mine)
 
     return _launch("scatter", group, async_op, body, algorithm=algorithm,
-                   nbytes=size * _nbytes(mine), inputs=scatter_list if is_root else [])
+                   nbytes=size * _nbytes(mine), inputs=scatter_list if is_root else [],
+                   on=tensor)
 
 
 # -- symmetric collectives --------------------------------------------------------

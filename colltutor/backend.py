@@ -10,9 +10,11 @@ A group is a :class:`ProcessGroup` subclass, as PyTorch's own Python process gro
 methods (``allreduce``, ``broadcast``, ...) with option objects, and each method calls
 the colltutor function of the same collective on this group.  The bytes move as
 point-to-point messages of a gloo group built over the same store, which is also
-registered as the group's CPU backend: what PyTorch's C++ asks of a device backend
-without calling back into Python (the functional collectives' all-gather and
-reduce-scatter, used by DTensor) goes to it, as the README explains.
+registered as the group's CPU backend; where CUDA and NCCL are available, an NCCL
+backend over the same store carries the messages of CUDA tensors and is registered
+for ``cuda``.  What PyTorch's C++ asks of a device backend without calling back into
+Python (the functional collectives' all-gather and reduce-scatter, used by DTensor)
+goes to these backends directly, as the README explains.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch._C import _distributed_c10d as c10d
 
 from colltutor import api
 from colltutor.p2p import membership
-from colltutor.transports.torch_dist import TorchTransport
+from colltutor.transports.torch_dist import DeviceTransport
 
 NAME = "colltutor"
 
@@ -36,14 +38,26 @@ class ProcessGroup(dist.ProcessGroup):
     """One group of the ``"colltutor"`` backend, as one rank sees it."""
 
     def __init__(self, store: dist.Store, rank: int, size: int,
-                 timeout: timedelta) -> None:
+                 timeout: timedelta, name: str = "", ranks: list[int] | None = None
+                 ) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        # the messages' transport: gloo over the same store, under its own prefix
+        # the messages' transports, under their own prefixes of the group's store:
+        # gloo for CPU tensors, NCCL for CUDA tensors where there are GPUs
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank,
                                           size, timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self.gloo)
+        self.nccl = None
+        if nccl_usable():
+            self.nccl = _nccl(dist.PrefixStore("nccl/", store), rank, size, timeout,
+                              name, ranks or list(range(size)))
+            self._register_backend(torch.device("cuda"),
+                                   dist.ProcessGroup.BackendType.NCCL, self.nccl)
+        self.backends: dict[str, dist.Backend] = {"cpu": self.gloo}
+        """Device type -> the backend that moves the messages of its tensors."""
+        if self.nccl is not None:
+            self.backends["cuda"] = self.nccl
 
     def getBackendName(self) -> str:  # noqa: N802 (PyTorch's name)
         return NAME
@@ -137,23 +151,27 @@ class ProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._run(api.barrier, [])
 
-    # -- point-to-point: gloo's own messages (colltutor's algorithms post these) ---
+    # -- point-to-point: the device backends' own messages ---------------------------
 
-    def transport(self, tag: int) -> TorchTransport:
-        """How :class:`colltutor.p2p.Comm` moves this group's messages: gloo's
-        point-to-point, also where NCCL's rules are emulated (they govern NCCL
-        groups; this group's messages are gloo's)."""
+    def transport(self, tag: int) -> DeviceTransport:
+        """How :class:`colltutor.p2p.Comm` moves this group's messages: each by its
+        tensor's device backend (gloo's messages one at a time, a step's NCCL messages
+        in one NCCL group).  Where NCCL's rules are emulated on the CPU, this group's
+        messages are still gloo's: the rules govern NCCL groups."""
         me = membership(self)
-        return TorchTransport(self, me.rank, me.global_ranks, "gloo", tag)
+        return DeviceTransport(self.backends, me.rank, me.global_ranks, tag)
 
     def send(self, tensors, dst, tag):
-        return self.gloo.send(tensors, dst, tag)
+        return self._on(tensors).send(tensors, dst, tag)
 
     def recv(self, tensors, src, tag):
-        return self.gloo.recv(tensors, src, tag)
+        return self._on(tensors).recv(tensors, src, tag)
 
     def recv_anysource(self, tensors, tag):
-        return self.gloo.recv_anysource(tensors, tag)
+        return self._on(tensors).recv_anysource(tensors, tag)
+
+    def _on(self, tensors: list[torch.Tensor]) -> dist.Backend:
+        return self.transport(0)._backend(tensors[0].device.type)
 
     # -- work objects ----------------------------------------------------------------
 
@@ -168,9 +186,12 @@ class ProcessGroup(dist.ProcessGroup):
         return self._finish(works, outputs)
 
     def _finish(self, works: list, outputs) -> dist.Work:
-        future: torch.futures.Future = torch.futures.Future()
+        # a future of CUDA tensors records where they are ready, for its waiters
+        cuda = sorted({t.device for t in _flattened(outputs) if t.is_cuda}, key=str)
+        future: torch.futures.Future = torch.futures.Future(devices=cuda or None)
         pending = [w for w in works if w is not None]
         once = threading.Lock()  # the last of the works to finish completes it
+        marks: list[torch.cuda.Event] = []  # where each GPU's part ends
 
         def done(_=None) -> None:
             if any(not w.is_completed() for w in pending) or not once.acquire(False):
@@ -181,31 +202,46 @@ class ProcessGroup(dist.ProcessGroup):
             except Exception as error:  # handed to the caller's wait()
                 future.set_exception(error)
                 return
+            for device in cuda:
+                marks.append(torch.cuda.Event())
+                marks[-1].record(torch.cuda.current_stream(device))
             future.set_result(outputs)
 
         for w in pending:
             w._future.add_done_callback(done)
         if not pending:
             done()
-        return Work(future)
+        return Work(future, marks)
 
 
 class Work(dist.Work):
     """What a colltutor group's collectives return, as native groups' work objects:
     ``wait()`` (which raises the collective's error), ``is_completed()``, and
     ``get_future()``, whose value is the collective's output tensors (DDP chains its
-    gradient buckets on it)."""
+    gradient buckets on it).  On GPUs, as with NCCL, ``wait()`` makes the caller's
+    stream wait for the collective, and ``is_completed()`` is true once the GPU has
+    run it (``marks``: an event per GPU where its part ends)."""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future,
+                 marks: list[torch.cuda.Event] | None = None) -> None:
         super().__init__()
-        self.future = future
+        self.future, self.marks = future, marks if marks is not None else []
 
-    def wait(self, timeout: object = None) -> bool:
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for the collective (and raise its error); with a ``timeout`` (not
+        zero), raise :class:`torch.distributed.DistBackendError` once it passes."""
+        seconds = timeout.total_seconds() if timeout else 0
+        if seconds > 0 and not self.future.done():
+            finished = threading.Event()
+            self.future.add_done_callback(lambda _: finished.set())
+            if not finished.wait(seconds):
+                raise dist.DistBackendError(
+                    f"colltutor: the collective did not complete within {timeout}")
         self.future.wait()  # raises what the collective raised
         return True
 
     def is_completed(self) -> bool:
-        return self.future.done()
+        return self.future.done() and all(mark.query() for mark in self.marks)
 
     def is_success(self) -> bool:
         return self.exception() is None
@@ -223,12 +259,42 @@ class Work(dist.Work):
         return self.future
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: timedelta
-            ) -> ProcessGroup:
-    return ProcessGroup(store, rank, size, timeout)
+def _flattened(outputs) -> list[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    return [t for item in outputs for t in _flattened(item)]
+
+
+def nccl_usable() -> bool:
+    """Whether this process can move CUDA tensors over NCCL (a CUDA build of torch
+    with NCCL, and a GPU)."""
+    return dist.is_nccl_available() and torch.cuda.is_available()
+
+
+def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta, name: str,
+          ranks: list[int]) -> dist.Backend:
+    """An NCCL backend over ``store``, set up as ``init_process_group`` sets up its
+    own (``torch/distributed/distributed_c10d.py``); its communicators are made when
+    it first moves a tensor."""
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = False
+    options._timeout = timeout
+    options.global_ranks_in_group = ranks
+    if name:
+        options.group_name = name
+    return dist.ProcessGroupNCCL(store, rank, size, options)
+
+
+def _create(options, backend_options=None) -> ProcessGroup:
+    return ProcessGroup(options.store, options.group_rank, options.group_size,
+                        options.timeout, options.group_id,
+                        list(options.global_ranks_in_group))
 
 
 def register() -> None:
-    """Make ``"colltutor"`` a backend name that torch.distributed knows (once)."""
+    """Make ``"colltutor"`` a backend name that torch.distributed knows (once), for
+    CPU tensors and, in a CUDA build, CUDA tensors."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+        devices = ["cpu", "cuda"] if dist.is_nccl_available() else ["cpu"]
+        dist.Backend.register_backend(NAME, _create, extended_api=True,
+                                      devices=devices)

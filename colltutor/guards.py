@@ -369,6 +369,9 @@ def _check_locally(call: _Call, comm: Comm) -> None:
                for t in _tensors(value)]
     for name, tensor in tensors:
         check_device(tensor, comm.backend, name)
+    if len({t.device.type for _, t in tensors}) > 1:  # their messages cannot meet
+        raise ValueError(f"{call.name}: every tensor must be on one device, but "
+                         + ", ".join(f"{name} is on {t.device}" for name, t in tensors))
     algorithm = call.arguments.get("algorithm")
     kind = table_name(call.name)
     if algorithm is not None and algorithm not in call.algorithms(kind):
@@ -382,11 +385,12 @@ def _check_locally(call: _Call, comm: Comm) -> None:
 
 
 def check_device(tensor: torch.Tensor, backend: str, what: str = "tensor") -> None:
-    """gloo moves CPU tensors; NCCL moves CUDA tensors on the rank's own device."""
+    """gloo moves CPU tensors; NCCL moves CUDA tensors on the rank's own device; a
+    ``"colltutor"`` group with GPUs (``gloo+nccl``) moves either."""
     if backend == "gloo" and tensor.device.type != "cpu":
         raise ValueError(f"{what} is on {tensor.device}, but the gloo backend moves "
                          "CPU tensors only (call .cpu() first)")
-    if backend == "nccl":
+    if backend == "nccl" or (backend == "gloo+nccl" and tensor.device.type != "cpu"):
         here = torch.device("cuda", torch.cuda.current_device())
         if tensor.device != here:
             raise ValueError(f"{what} is on {tensor.device}, but NCCL on this rank "

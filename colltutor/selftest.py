@@ -322,6 +322,163 @@ def run_matrix(subgroup: bool = False, async_every: int = 5, sample: int = 1,
     return report
 
 
+# -- the "colltutor" backend: torch.distributed's own calls on a colltutor group ----
+
+
+def backend_calls(device: torch.device | str = "cpu"
+                  ) -> dict[str, Callable[[dist.ProcessGroup], list[torch.Tensor]]]:
+    """``torch.distributed`` calls on ``device`` tensors, each taking a group and
+    returning its outputs: on a ``"colltutor"`` group they reach colltutor through
+    the group's methods, as DDP's and FSDP's calls do."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+
+    def t(n: int = 6, dtype=torch.float32) -> torch.Tensor:
+        return (torch.arange(n, dtype=dtype, device=device) + 10 * rank).reshape(2, -1)
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, device=device)
+
+    def broadcast(g):
+        x = t()
+        dist.broadcast(x, group_src=p - 1, group=g)
+        return [x]
+
+    def reduce_max(g):
+        x = t()
+        dist.reduce(x, group_dst=1 % p, op=R.MAX, group=g)
+        return [x] if rank == 1 % p else []
+
+    def all_reduce_async(g):
+        x = t()
+        work = dist.all_reduce(x, group=g, async_op=True)
+        work.wait()  # on NCCL, done only once the GPU has run it
+        done = [torch.tensor(work.is_completed())] if x.device.type == "cpu" else []
+        return [x, *done, *work.get_future().wait()]
+
+    def all_reduce_complex(g):
+        x = t().to(torch.complex64) * (1 + 1j)
+        dist.all_reduce(x, group=g)
+        return [x]
+
+    def all_reduce_coalesced(g):
+        xs = [t(), t(4)]
+        dist.all_reduce_coalesced(xs, op=R.PRODUCT, group=g)
+        return xs
+
+    def all_gather(g):
+        out = [zeros(2, 3) for _ in range(p)]
+        dist.all_gather(out, t(), group=g)
+        return out
+
+    def all_gather_into_tensor(g):
+        out = zeros(p * 2, 3)
+        dist.all_gather_into_tensor(out, t(), group=g)
+        return [out]
+
+    def all_gather_coalesced(g):
+        out = [[zeros(2, 3), zeros(4)] for _ in range(p)]
+        dist.all_gather_coalesced(out, [t(), t(4).reshape(-1) * rank], group=g)
+        return [x for row in out for x in row]
+
+    def gather(g):
+        out = [zeros(2, 3) for _ in range(p)] if rank == p - 1 else None
+        dist.gather(t(), out, group_dst=p - 1, group=g)
+        return out or []
+
+    def scatter(g):
+        x = zeros(2, 3)
+        dist.scatter(x, [t() * i for i in range(p)] if rank == 0 else None,
+                     group_src=0, group=g)
+        return [x]
+
+    def reduce_scatter(g):
+        out = zeros(2, 3)
+        dist.reduce_scatter(out, [t() + i for i in range(p)], group=g)
+        return [out]
+
+    def reduce_scatter_tensor(g):
+        out = zeros(3)
+        dist.reduce_scatter_tensor(out, t(3 * p).reshape(-1) * (rank + 1), group=g)
+        return [out]
+
+    def all_to_all(g):
+        out = [zeros(2, 3) for _ in range(p)]
+        dist.all_to_all(out, [t() + i for i in range(p)], group=g)
+        return out
+
+    def all_to_all_single_uneven(g):  # rank r sends r + 1 rows to every peer
+        out = zeros(sum(s + 1 for s in range(p)), 2)
+        x = t((rank + 1) * p * 2).reshape(-1, 2) + 100 * rank
+        dist.all_to_all_single(out, x, [s + 1 for s in range(p)], [rank + 1] * p,
+                               group=g)
+        return [out]
+
+    def barrier(g):
+        dist.barrier(group=g)
+        return []
+
+    return {fn.__name__: fn for fn in (
+        broadcast, reduce_max, all_reduce_async, all_reduce_complex,
+        all_reduce_coalesced, all_gather, all_gather_into_tensor,
+        all_gather_coalesced, gather, scatter, reduce_scatter, reduce_scatter_tensor,
+        all_to_all, all_to_all_single_uneven, barrier)}
+
+
+def ddp_weights(group: dist.ProcessGroup, device: torch.device | str = "cpu",
+                steps: int = 3) -> list[torch.Tensor]:
+    """The weights after ``steps`` of DDP on ``group`` (buckets small enough that
+    a step all-reduces several while backward runs)."""
+    device = torch.device(device)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+        torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None,
+        process_group=group, bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        opt.zero_grad()
+        ddp(torch.randn(4, 8, generator=gen).to(device)).pow(2).sum().backward()
+        opt.step()
+    return [w.detach().clone() for w in model.parameters()]
+
+
+def check_backend(device: torch.device | str = "cpu") -> dict:
+    """``torch.distributed``'s calls and DDP on a ``"colltutor"`` group against the
+    world's native backend, on ``device`` tensors (CUDA ones travel over NCCL)."""
+    device = torch.device(device)
+    ours, report = dist.new_group(backend="colltutor"), {"cases": 0, "skipped": 0,
+                                                          "failures": []}
+    if device.type == "cuda" and type(ours._get_backend(device)).__name__ != \
+            "ProcessGroupNCCL":
+        report["failures"].append("the colltutor group has no NCCL backend for cuda")
+        return report
+    cases = {name: call for name, call in backend_calls(device).items()}
+    cases["ddp"] = lambda g: ddp_weights(g, device)
+    for name, call in cases.items():
+        try:
+            want = call(None)  # the world group: the native backend
+        except Exception:  # noqa: BLE001 - a call the native backend refuses
+            report["skipped"] += 1
+            continue
+        report["cases"] += 1
+        try:
+            got, error = call(ours), None
+        except Exception as exc:  # noqa: BLE001 - reported below
+            got, error = [], f"{type(exc).__name__}: {exc}"
+        ok = error is None and len(got) == len(want) and all(
+            a.shape == b.shape and torch.allclose(a.cpu(), b.cpu(), rtol=1e-5,
+                                                  atol=1e-6)
+            for a, b in zip(got, want))
+        if not ok:
+            report["failures"].append(
+                f"rank {dist.get_rank()} backend colltutor: {name} on {device}: "
+                f"{error or f'got {got[:1]} want {want[:1]}'}"[:400])
+    return report
+
+
 def _rank_main(sample: int, device_kind: str) -> dict:
     device = torch.device(device_kind, torch.cuda.current_device()) \
         if device_kind == "cuda" else torch.device("cpu")
@@ -336,6 +493,12 @@ def _rank_main(sample: int, device_kind: str) -> dict:
             whole[key] += sub[key]
         whole["failures"] += sub["failures"]
     return whole
+
+
+def _backend_main(device_kind: str) -> dict:
+    device = torch.device(device_kind, torch.cuda.current_device()) \
+        if device_kind == "cuda" else torch.device("cpu")
+    return check_backend(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,12 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if backend == "nccl" else "cpu"
     reports = colltutor.run(_rank_main, world, args.sample, device, backend=backend,
                             timeout=args.timeout)
+    reports += colltutor.run(_backend_main, world, device, backend=backend,
+                             timeout=args.timeout)
     failures = [f for r in reports for f in r["failures"]]
     for line in failures[:50]:
         print(line)
     cases = sum(r["cases"] for r in reports)
     skipped = sum(r["skipped"] for r in reports)
-    print(f"selftest on {backend}, {world} ranks: {cases} rank-cases compared, "
+    print(f"selftest on {backend}, {world} ranks: {cases} rank-cases compared "
+          f"(the matrix, then torch.distributed and DDP on a \"colltutor\" group), "
           f"{skipped} refused by the native backend, {len(failures)} mismatches")
     folder = Path(args.notebooks) if args.notebooks else None
     notebooks = run_notebooks(folder) if folder and folder.is_dir() else []

@@ -7,21 +7,25 @@ torchrun starts its own ranks (:func:`test_init_process_group_under_torchrun`).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+import time
+from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
+from launch import torchrun
 from torch import nn
 
 import colltutor
-from colltutor import api, registry
+from colltutor import api, registry, selftest
+from colltutor.selftest import ddp_weights as _ddp
 
 P = 4
+CALLS = ["broadcast", "reduce_max", "all_reduce_async", "all_reduce_complex",
+         "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+         "all_gather_coalesced", "gather", "scatter", "reduce_scatter",
+         "reduce_scatter_tensor", "all_to_all", "all_to_all_single_uneven", "barrier"]
+"""The names of :func:`colltutor.selftest.backend_calls`."""
 pytestmark = pytest.mark.timeout(900)  # the one run, on a busy machine
 R = dist.ReduceOp
 
@@ -35,19 +39,6 @@ def _model() -> nn.Module:
 def _batches(steps: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(dist.get_rank())
     return [torch.randn(4, 8, generator=gen) for _ in range(steps)]
-
-
-def _ddp(group: dist.ProcessGroup, steps: int = 3) -> list[torch.Tensor]:
-    """Final weights after ``steps`` of DDP on ``group`` (several buckets)."""
-    model = _model()
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=group,
-                                              bucket_cap_mb=0.001)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for x in _batches(steps):
-        opt.zero_grad()
-        ddp(x).pow(2).sum().backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
 
 
 def _fsdp(group: dist.ProcessGroup, steps: int = 2) -> tuple[list[float], list,
@@ -82,117 +73,6 @@ def _profiled_names(fn) -> list[str]:
         fn()
     return [e.name for e in prof.function_events
             if e.name.startswith(("colltutor:", "gloo:"))]
-
-
-def _calls(rank: int) -> dict:
-    """``dist.*`` calls whose results are compared between the two backends: name ->
-    (a call taking a group and returning its output tensors)."""
-    def t(n: int = 6, dtype=torch.float32) -> torch.Tensor:
-        return (torch.arange(n, dtype=dtype) + 10 * rank).reshape(2, -1)
-
-    def listed(n: int) -> list[torch.Tensor]:
-        return [torch.zeros(2, 3) for _ in range(n)]
-
-    def run(fn):
-        return fn
-
-    @run
-    def broadcast(g):
-        x = t()
-        dist.broadcast(x, group_src=2, group=g)
-        return [x]
-
-    @run
-    def reduce_max(g):
-        x = t()
-        dist.reduce(x, group_dst=1, op=R.MAX, group=g)
-        return [x] if rank == 1 else []
-
-    @run
-    def all_reduce_async(g):
-        x = t()
-        work = dist.all_reduce(x, group=g, async_op=True)
-        work.wait()
-        future = work.get_future().wait()
-        return [x, torch.tensor(work.is_completed()), *future]
-
-    @run
-    def all_reduce_complex(g):
-        x = t().to(torch.complex64) * (1 + 1j)
-        dist.all_reduce(x, group=g)
-        return [x]
-
-    @run
-    def all_reduce_coalesced(g):
-        xs = [t(), t(4, torch.float32)]
-        dist.all_reduce_coalesced(xs, op=R.PRODUCT, group=g)
-        return xs
-
-    @run
-    def all_gather(g):
-        out = listed(P)
-        dist.all_gather(out, t(), group=g)
-        return out
-
-    @run
-    def all_gather_into_tensor(g):
-        out = torch.zeros(P * 2, 3)
-        dist.all_gather_into_tensor(out, t(), group=g)
-        return [out]
-
-    @run
-    def all_gather_coalesced(g):
-        out = [[torch.zeros(2, 3), torch.zeros(4)] for _ in range(P)]
-        dist.all_gather_coalesced(out, [t(), torch.arange(4.0) * rank], group=g)
-        return [x for row in out for x in row]
-
-    @run
-    def gather(g):
-        out = listed(P) if rank == 3 else None
-        dist.gather(t(), out, group_dst=3, group=g)
-        return out or []
-
-    @run
-    def scatter(g):
-        x = torch.zeros(2, 3)
-        dist.scatter(x, [t() * i for i in range(P)] if rank == 0 else None,
-                     group_src=0, group=g)
-        return [x]
-
-    @run
-    def reduce_scatter(g):
-        out = torch.zeros(2, 3)
-        dist.reduce_scatter(out, [t() + i for i in range(P)], group=g)
-        return [out]
-
-    @run
-    def reduce_scatter_tensor(g):
-        out = torch.zeros(3)
-        dist.reduce_scatter_tensor(out, torch.arange(12.0) * (rank + 1), group=g)
-        return [out]
-
-    @run
-    def all_to_all(g):
-        out = listed(P)
-        dist.all_to_all(out, [t() + i for i in range(P)], group=g)
-        return out
-
-    @run
-    def all_to_all_single_uneven(g):
-        # rank r sends r + 1 rows to every peer
-        out = torch.zeros(sum(s + 1 for s in range(P)), 2)
-        x = torch.arange((rank + 1) * P * 2.0).reshape(-1, 2) + 100 * rank
-        dist.all_to_all_single(out, x, [s + 1 for s in range(P)], [rank + 1] * P,
-                               group=g)
-        return [out]
-
-    @run
-    def barrier(g):
-        dist.barrier(group=g)
-        return []
-
-    return {name: fn for name, fn in locals().items()
-            if callable(fn) and name not in ("t", "listed", "run")}
 
 
 def _bad_calls() -> dict:
@@ -267,8 +147,88 @@ def _profile() -> dict:
             "inside the first": inside}
 
 
+class _Coalescing:
+    """How NCCL takes a group's messages, over gloo: between ``_start_coalescing``
+    and ``_end_coalescing`` sends and receives are only recorded (returning None, as
+    NCCL's do), then the end posts them all and returns one work for the step.  A
+    colltutor group whose ``backends["cpu"]`` is one of these moves CPU tensors the
+    way it moves CUDA tensors over NCCL."""
+
+    supports_coalescing = True
+
+    def __init__(self, gloo: dist.Backend) -> None:
+        self.gloo, self.open = gloo, None
+        self.groups: list[list[str]] = []  # each group's messages, "send" or "recv"
+
+    def _start_coalescing(self) -> None:
+        assert self.open is None, "a group inside a group"
+        self.open = []
+
+    def send(self, tensors, dst, tag):
+        return self._add(self.gloo.send, "send", tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self._add(self.gloo.recv, "recv", tensors, src, tag)
+
+    def _add(self, fn, kind, tensors, peer, tag):
+        if self.open is None:  # a message of its own (dist.send on the group)
+            return fn(tensors, peer, tag)
+        self.open.append((fn, kind, tensors, peer, tag))
+        return None
+
+    def _end_coalescing(self) -> _AllOf:
+        messages, self.open = self.open, None
+        self.groups.append([kind for _, kind, *_ in messages])
+        return _AllOf([fn(tensors, peer, tag)
+                       for fn, _, tensors, peer, tag in messages])
+
+
+class _AllOf:
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        return all(w.wait() or True for w in self.works)
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+
+def _coalesced(native: dist.ProcessGroup) -> dict:
+    """Every ``dist.*`` call and DDP on a colltutor group whose messages go as NCCL
+    takes them (:class:`_Coalescing`), and the groups one ring all-reduce posts."""
+    group = dist.new_group(backend="colltutor")
+    fake = group.backends["cpu"] = _Coalescing(group.gloo)
+    out = {"calls": {name: [t.tolist() for t in call(group)]
+                     for name, call in selftest.backend_calls().items()},
+           "ddp": [w.tolist() for w in _ddp(group)]}
+    with colltutor.use(all_reduce="ring"):
+        before = len(fake.groups)
+        dist.all_reduce(torch.ones(8), group=group)
+        out["ring groups"] = fake.groups[before:]
+    return out
+
+
+def _timed_out(group: dist.ProcessGroup) -> dict:
+    """``wait(timeout)`` on rank 0 while the others join a second late."""
+    x = torch.ones(4) * (dist.get_rank() + 1)
+    if dist.get_rank() != 0:
+        time.sleep(1.0)
+        dist.all_reduce(x, group=group)
+        return {"sum": x.tolist()}
+    work = dist.all_reduce(x, group=group, async_op=True)
+    started = time.monotonic()
+    try:
+        work.wait(timeout=timedelta(seconds=0.2))
+        error = None
+    except Exception as exc:  # the test reads its type
+        error = type(exc).__name__
+    waited = time.monotonic() - started
+    work.wait()
+    return {"error": error, "waited": waited, "sum": x.tolist()}
+
+
 def _everything() -> dict:
-    rank = dist.get_rank()
     ours, native = dist.new_group(backend="colltutor"), dist.new_group(backend="gloo")
     results: dict = {"backend": dist.get_backend(ours)}
     ddp = {"gloo": _ddp(native), "colltutor": _ddp(ours)}
@@ -288,11 +248,14 @@ def _everything() -> dict:
     results["fsdp"] = {name: _fsdp(g) for name, g in (("gloo", native),
                                                       ("colltutor", ours))}
     results["calls"] = {}
-    for name, call in _calls(rank).items():
+    for name, call in selftest.backend_calls().items():
         results["calls"][name] = {k: [t.tolist() for t in call(g)]
                                   for k, g in (("gloo", native), ("colltutor", ours))}
     results["checks"] = _checks()
     results["profile"] = _profile()
+    results["coalesced"] = _coalesced(native)
+    results["timed out"] = _timed_out(ours)
+    results["selftest"] = selftest.check_backend("cpu")
     return results
 
 
@@ -340,17 +303,52 @@ def test_fsdp2_fully_shard_on_colltutor_matches_gloo(ranks) -> None:
                          "gloo:send"], names
 
 
-@pytest.mark.parametrize("name", [
-    "broadcast", "reduce_max", "all_reduce_async", "all_reduce_complex",
-    "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
-    "all_gather_coalesced", "gather", "scatter", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single_uneven", "barrier"])
+@pytest.mark.parametrize("name", CALLS)
 def test_every_collective_through_dist_gives_gloo_s_results(ranks, name) -> None:
     for r in ranks:
         result = r["calls"][name]
         assert len(result["colltutor"]) == len(result["gloo"])
         for a, b in zip(result["gloo"], result["colltutor"], strict=True):
             torch.testing.assert_close(torch.tensor(b), torch.tensor(a))
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_messages_grouped_as_nccl_takes_them_give_gloo_s_results(ranks, name) -> None:
+    # the way CUDA tensors travel on a colltutor group: each step one NCCL group
+    for r in ranks:
+        ours, gloo = r["coalesced"]["calls"][name], r["calls"][name]["gloo"]
+        assert len(ours) == len(gloo)
+        for a, b in zip(gloo, ours, strict=True):
+            torch.testing.assert_close(torch.tensor(b), torch.tensor(a))
+
+
+def test_ddp_over_messages_grouped_as_nccl_takes_them_matches_gloo(ranks) -> None:
+    for r in ranks:
+        for a, b in zip(r["ddp"]["gloo"], r["coalesced"]["ddp"], strict=True):
+            torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5,
+                                       atol=1e-6)
+
+
+def test_each_ring_step_is_one_nccl_group_of_one_send_and_one_receive(ranks) -> None:
+    # on 4 ranks: the ranks' agreement on the call (Bruck's all-gather, 2 steps;
+    # on GPUs these small messages are gloo's), then the ring all-reduce's 3
+    # reduce-scatter steps and 3 all-gather steps
+    for r in ranks:
+        assert r["coalesced"]["ring groups"] == [["recv", "send"]] * (2 + 6)
+
+
+def test_wait_with_a_timeout_raises_when_the_collective_is_late(ranks) -> None:
+    first = ranks[0]["timed out"]
+    assert first["error"] == "DistBackendError"
+    assert 0.15 < first["waited"] < 0.9
+    # the collective itself still completes once every rank has joined
+    assert all(r["timed out"]["sum"] == [10.0] * 4 for r in ranks)
+
+
+def test_the_selftest_s_backend_check_passes_on_gloo(ranks) -> None:
+    # what ``python -m colltutor selftest --backend nccl`` runs on GPUs
+    for r in ranks:
+        assert r["selftest"] == {"cases": 16, "skipped": 0, "failures": []}
 
 
 def test_async_work_objects_behave_like_gloo_s(ranks) -> None:
@@ -414,15 +412,7 @@ dist.destroy_process_group()
 
 
 def test_init_process_group_under_torchrun(tmp_path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    env = {k: v for k, v in os.environ.items() if k != "COLLTUTOR_EMULATE"}
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", "2", str(script), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    lines = torchrun(SCRIPT, tmp_path)
     assert [d["rank"] for d in lines] == [0, 1]
     for d in lines:
         assert d["backend"] == "colltutor"
@@ -430,3 +420,54 @@ def test_init_process_group_under_torchrun(tmp_path) -> None:
         # d(sum of outputs)/d(weight) is the batch's column sums: 0 on rank 0,
         # 2 for each of the 8 weights on rank 1; DDP averages: 16 / 2
         assert d["grad"] == pytest.approx(8.0)
+
+
+def test_the_nccl_backend_is_made_as_torch_makes_its_own(monkeypatch) -> None:
+    """A CPU build has no ProcessGroupNCCL: check colltutor's construction against
+    a stand-in, and the stand-in's interface against torch's own stub and code."""
+    import inspect
+    from pathlib import Path
+
+    from colltutor import backend
+
+    made: dict = {}
+
+    class Nccl:
+        class Options:
+            def __init__(self, is_high_priority_stream: bool = False) -> None:
+                self.is_high_priority_stream = is_high_priority_stream
+
+        def __init__(self, store, rank, size, options) -> None:
+            made.update(store=store, rank=rank, size=size, **vars(options))
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", Nccl, raising=False)
+    store = dist.HashStore()
+    backend._nccl(store, 1, 2, timedelta(seconds=5), "7", [3, 5])
+    assert made == {"store": store, "rank": 1, "size": 2,
+                    "is_high_priority_stream": False,
+                    "_timeout": timedelta(seconds=5),
+                    "global_ranks_in_group": [3, 5], "group_name": "7"}
+    # torch 2.13's stub: the constructor and the options set above
+    stub = (Path(torch.__file__).parent / "_C" / "_distributed_c10d.pyi").read_text()
+    nccl = stub[stub.index("class ProcessGroupNCCL(Backend):"):]
+    nccl = nccl[:nccl.index("\nclass ")]
+    assert " ".join(nccl.split()).count(
+        "self, store: Store, rank: int, size: int, options: Options, ) -> None") == 1
+    assert "is_high_priority_stream: bool" in nccl
+    options = stub[stub.index("class Backend:"):stub.index("class ProcessGroup:")]
+    for field in ("def _timeout", "global_ranks_in_group: list[int]",
+                  "group_name: GroupName", "def supports_coalescing"):
+        assert field in options, field
+    # every backend's binding (NCCL's too) groups messages with these two
+    for method, returns in (("_start_coalescing", "None"), ("_end_coalescing", "Work")):
+        doc = getattr(dist.ProcessGroupGloo, method).__doc__
+        assert doc.startswith(f"{method}(self: torch._C._distributed_c10d.Backend) ->")
+        assert doc.split("->")[1].strip().endswith(returns)
+    # and torch's own NCCL groups are set up with the same fields
+    helper = inspect.getsource(dist.distributed_c10d._new_process_group_helper)
+    for line in ("backend_options._timeout = timeout",
+                 "backend_options.global_ranks_in_group = global_ranks_in_group",
+                 "backend_options.group_name = group_name",
+                 "ProcessGroupNCCL(\n                backend_prefix_store, group_rank, "
+                 "group_size, backend_options"):
+        assert line in helper, line

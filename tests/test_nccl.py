@@ -1,14 +1,18 @@
 """The whole matrix against native NCCL, on a machine with two or more GPUs.
 
-NCCL needs one GPU per rank (two ranks on one GPU is an error), so this test runs
-only where at least two GPUs are visible; elsewhere it is skipped and says so.  It is
-the same check as ``python -m colltutor selftest --backend nccl``.
+NCCL needs one GPU per rank (two ranks on one GPU is an error), so these tests run
+only where at least two GPUs are visible; elsewhere they are skipped and say so.  The
+first is the same check as ``python -m colltutor selftest --backend nccl`` (the
+matrix, then torch.distributed's calls and DDP on a ``"colltutor"`` group, whose CUDA
+tensors travel over NCCL); the second starts the ``"colltutor"`` backend under
+torchrun, as a training script does.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from launch import torchrun
 
 from colltutor import selftest
 
@@ -25,6 +29,34 @@ def test_every_collective_matches_native_nccl(capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0, out
     assert " 0 mismatches" in out
+
+
+TRAIN = """
+import json, os, sys, torch, torch.distributed as dist, colltutor
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+device = torch.device("cuda", local)
+dist.init_process_group("colltutor", device_id=device)
+rank = dist.get_rank()
+x = torch.full((3,), float(rank + 1), device=device)
+dist.all_reduce(x)
+model = torch.nn.Linear(4, 2).to(device)
+ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+ddp(torch.ones(2, 4, device=device) * rank).sum().backward()
+with open(f"{sys.argv[1]}/{rank}.json", "w") as out:
+    json.dump({"backend": dist.get_backend(), "x": x.tolist(),
+               "cuda": type(dist.group.WORLD._get_backend(device)).__name__,
+               "grad": model.weight.grad.sum().item()}, out)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs; {GPUS} visible")
+def test_colltutor_backend_trains_ddp_on_gpus_under_torchrun(tmp_path) -> None:
+    for d in torchrun(TRAIN, tmp_path):
+        assert d["backend"] == "colltutor" and d["cuda"] == "ProcessGroupNCCL"
+        assert d["x"] == [3.0, 3.0, 3.0]
+        assert d["grad"] == pytest.approx(8.0)  # as on gloo (tests/test_backend.py)
 
 
 def test_the_summary_names_each_notebook_that_failed(tmp_path, capsys) -> None:

@@ -1,4 +1,4 @@
-"""The torch.distributed transport: gloo on CPU tensors, NCCL on CUDA tensors.
+"""The torch.distributed transports: gloo on CPU tensors, NCCL on CUDA tensors.
 
 gloo's TCP transport is receiver-driven and takes messages one by one; each is
 matched by (peer, tag), so collectives use a tag of their own.  NCCL ignores tags
@@ -53,3 +53,58 @@ class TorchTransport:
 
     def _op(self, fn: Callable, tensor: torch.Tensor, peer: int) -> dist.P2POp:
         return dist.P2POp(fn, tensor, self.names[peer], self.group, self.tag)
+
+
+class DeviceTransport:
+    """A ``"colltutor"`` group's messages, each on the backend of its tensor's device
+    (``backends``: device type -> backend).  A backend that takes messages one at a
+    time (gloo) gets them so; one that coalesces them (NCCL) gets a step's messages
+    in one group, as ``batch_isend_irecv`` gives them, so that two ranks sending to
+    each other do not wait forever."""
+
+    def __init__(self, backends: dict[str, dist.Backend], rank: int,
+                 names: list[int], tag: int = 0) -> None:
+        self.backends, self.rank, self.size = backends, rank, len(names)
+        self.names, self.tag = names, tag
+        self.backend = "gloo+nccl" if "cuda" in backends else "gloo"
+        self.batched = False  # gloo's messages go singly; NCCL's steps are grouped here
+        self.device = _CPU  # where the checks' and the barrier's small messages travel
+
+    def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
+        works: list[Handle] = []
+        for device in dict.fromkeys(t.device.type for _, t in recvs + sends):
+            backend = self._backend(device)
+            mine = [(peer, _wire(t)) for peer, t in recvs if t.device.type == device]
+            theirs = [(peer, _wire(t)) for peer, t in sends if t.device.type == device]
+            if not backend.supports_coalescing:
+                works += [backend.recv([t], peer, self.tag) for peer, t in mine]
+                works += [backend.send([t], peer, self.tag) for peer, t in theirs]
+                continue
+            backend._start_coalescing()
+            try:
+                for peer, t in mine:
+                    backend.recv([t], peer, self.tag)
+                for peer, t in theirs:
+                    backend.send([t], peer, self.tag)
+            finally:
+                works.append(backend._end_coalescing())  # the whole step's work
+        return works
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        backend = self._backend(tensor.device.type)
+        if backend.supports_coalescing:
+            raise RuntimeError("NCCL cannot receive from an unspecified source")
+        work = backend.recv_anysource([_wire(tensor)], self.tag)
+        work.wait()
+        return work._source_rank()
+
+    def _backend(self, device: str) -> dist.Backend:
+        if device not in self.backends:
+            moved = " and ".join(self.backends)
+            raise ValueError(f"this group moves tensors on {moved}, not on {device}")
+        return self.backends[device]
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """What travels: a complex tensor as its real pairs, as ``dist.isend`` sends it."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
