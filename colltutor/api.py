@@ -287,13 +287,14 @@ class _Done:
     def __init__(self) -> None:
         self.event = None
         if torch.cuda.is_initialized():
+            self.device = torch.cuda.current_device()  # the collective's GPU
             self.event = torch.cuda.Event()
             self.event.record()
         self.groups = nccl_rules.hand_over()
 
     def wait(self) -> None:
-        if self.event is not None:
-            torch.cuda.current_stream().wait_event(self.event)
+        if self.event is not None:  # the caller's stream on that GPU waits
+            torch.cuda.current_stream(self.device).wait_event(self.event)
         nccl_rules.adopt(self.groups)
 
 
