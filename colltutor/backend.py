@@ -29,9 +29,11 @@ from torch._C import _distributed_c10d as c10d
 
 from colltutor import api
 from colltutor.p2p import membership
-from colltutor.transports.torch_dist import DeviceTransport
+from colltutor.transports.torch_dist import DeviceTransport, backend_for
 
 NAME = "colltutor"
+_TYPES = {"cpu": dist.ProcessGroup.BackendType.GLOO,
+          "cuda": dist.ProcessGroup.BackendType.NCCL}
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -46,18 +48,13 @@ class ProcessGroup(dist.ProcessGroup):
         # gloo for CPU tensors, NCCL for CUDA tensors where there are GPUs
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank,
                                           size, timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               self.gloo)
-        self.nccl = None
-        if nccl_usable():
-            self.nccl = _nccl(dist.PrefixStore("nccl/", store), rank, size, timeout,
-                              name, ranks or list(range(size)))
-            self._register_backend(torch.device("cuda"),
-                                   dist.ProcessGroup.BackendType.NCCL, self.nccl)
         self.backends: dict[str, dist.Backend] = {"cpu": self.gloo}
         """Device type -> the backend that moves the messages of its tensors."""
-        if self.nccl is not None:
-            self.backends["cuda"] = self.nccl
+        if nccl_usable():
+            self.backends["cuda"] = _nccl(dist.PrefixStore("nccl/", store), rank, size,
+                                          timeout, name, ranks or list(range(size)))
+        for device, backend in self.backends.items():
+            self._register_backend(torch.device(device), _TYPES[device], backend)
 
     def getBackendName(self) -> str:  # noqa: N802 (PyTorch's name)
         return NAME
@@ -171,7 +168,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._on(tensors).recv_anysource(tensors, tag)
 
     def _on(self, tensors: list[torch.Tensor]) -> dist.Backend:
-        return self.transport(0)._backend(tensors[0].device.type)
+        return backend_for(self.backends, tensors[0].device.type)
 
     # -- work objects ----------------------------------------------------------------
 

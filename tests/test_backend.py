@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from launch import torchrun
+from helpers import outcome, torchrun
 from torch import nn
 
 import colltutor
@@ -93,14 +93,6 @@ def _bad_calls() -> dict:
     }
 
 
-def _outcome(fn) -> tuple[str, str]:
-    try:
-        fn()
-        return ("ok", "")
-    except Exception as error:  # every outcome goes back to the test
-        return (type(error).__name__, str(error))
-
-
 def _checks() -> dict:
     """Each bad call on colltutor (with the algorithms' messages counted) and on
     native gloo."""
@@ -116,10 +108,10 @@ def _checks() -> dict:
         sent.clear()
         dist.ProcessGroup.send = send
         try:
-            ours = _outcome(lambda call=call: call(colltutor))
+            ours = outcome(lambda call=call: call(colltutor))
         finally:
             dist.ProcessGroup.send = real
-        native = _outcome(lambda call=call: call(dist))
+        native = outcome(lambda call=call: call(dist))
         results[name] = {"colltutor": ours, "native": native,
                          "algorithm messages": sent.count(api.COLLECTIVE_TAG)}
         dist.barrier()

@@ -18,6 +18,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import outcome
 
 import colltutor
 from colltutor import api, guards, p2p
@@ -32,14 +33,6 @@ def _checks_on():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COLLTUTOR_CHECKS", "1")
         yield
-
-
-def _outcome(fn) -> tuple[str, str]:
-    try:
-        fn()
-        return ("ok", "")
-    except Exception as error:  # every outcome goes back to the test
-        return (type(error).__name__, str(error))
 
 
 def _cases(r: int) -> dict:
@@ -105,7 +98,7 @@ def _mistakes() -> dict:
     r = dist.get_rank()
     results = {}
     for name, call in _cases(r).items():
-        results[name] = _outcome(call)
+        results[name] = outcome(call)
         t = torch.full((3,), float(r))
         api.all_reduce(t)  # the group still works after every mistake
         assert t.tolist() == [6.0] * 3, (name, t)
@@ -279,13 +272,13 @@ def _without_native_collectives() -> list:
     r = dist.get_rank()
     t = torch.ones(3)
     api.all_reduce(t)
-    return [t.tolist(), _outcome(lambda: api.reduce(t, 0, op=R.MAX if r else R.SUM)),
-            _outcome(lambda: api.gather(t, None, dst=0))]
+    return [t.tolist(), outcome(lambda: api.reduce(t, 0, op=R.MAX if r else R.SUM)),
+            outcome(lambda: api.gather(t, None, dst=0))]
 
 
 def test_checks_use_only_point_to_point_messages(one_run) -> None:
-    for r, outcome in enumerate(one_run):
-        total, mismatch, missing = outcome["native"]
+    for r, result in enumerate(one_run):
+        total, mismatch, missing = result["native"]
         assert total == [float(P)] * 3
         assert mismatch[0] == "MismatchError"
         assert missing[0] == ("ValueError" if r == 0 else "PeerArgumentError")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from launch import torchrun
+from helpers import torchrun
 
 from colltutor import selftest
 

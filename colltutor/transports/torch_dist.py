@@ -73,7 +73,7 @@ class DeviceTransport:
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
         works: list[Handle] = []
         for device in dict.fromkeys(t.device.type for _, t in recvs + sends):
-            backend = self._backend(device)
+            backend = backend_for(self.backends, device)
             mine = [(peer, _wire(t)) for peer, t in recvs if t.device.type == device]
             theirs = [(peer, _wire(t)) for peer, t in sends if t.device.type == device]
             if not backend.supports_coalescing:
@@ -91,18 +91,22 @@ class DeviceTransport:
         return works
 
     def recv_any(self, tensor: torch.Tensor) -> int:
-        backend = self._backend(tensor.device.type)
+        backend = backend_for(self.backends, tensor.device.type)
         if backend.supports_coalescing:
             raise RuntimeError("NCCL cannot receive from an unspecified source")
         work = backend.recv_anysource([_wire(tensor)], self.tag)
         work.wait()
         return work._source_rank()
 
-    def _backend(self, device: str) -> dist.Backend:
-        if device not in self.backends:
-            moved = " and ".join(self.backends)
-            raise ValueError(f"this group moves tensors on {moved}, not on {device}")
-        return self.backends[device]
+
+
+def backend_for(backends: dict[str, dist.Backend], device: str) -> dist.Backend:
+    """The backend of ``backends`` (device type -> backend) that moves tensors on
+    ``device``."""
+    if device not in backends:
+        moved = " and ".join(backends)
+        raise ValueError(f"this group moves tensors on {moved}, not on {device}")
+    return backends[device]
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:

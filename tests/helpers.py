@@ -1,4 +1,5 @@
-"""Start a training script as its users do: two processes under torchrun."""
+"""What several test modules share: a script started as its users start it (under
+torchrun), and a call's outcome as data that can leave a rank."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def torchrun(script: str, folder: Path, nproc: int = 2) -> list[dict]:
         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def outcome(fn) -> tuple[str, str]:
+    """``("ok", "")``, or the type and message of what ``fn()`` raised."""
+    try:
+        fn()
+        return ("ok", "")
+    except Exception as error:  # every outcome goes back to the test
+        return (type(error).__name__, str(error))
