@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
 from colltutor import _ipc, api, p2p, status
+from colltutor.backend import init_options
 from colltutor.transports import nccl_rules
 
 EXIT_KEY = "colltutor/exit"
@@ -188,14 +189,11 @@ def _adopt_caller_context(task: dict, rank: int) -> None:
 def _join_group(task: dict, rank: int, store: dist.Store) -> dist.Store:
     # The caller's own timeout is the one that reports hangs; torch's is a backstop.
     wait = datetime.timedelta(seconds=task["timeout"] + 30)
-    options: dict[str, Any] = {}
     backend = task["backend"]
     emulate = backend == "nccl" and nccl_rules.requested()
+    options = {} if emulate else init_options(backend, rank)
     if emulate:  # NCCL's rules over gloo (colltutor.transports.nccl_rules)
         backend = "gloo"
-    elif backend == "nccl":
-        torch.cuda.set_device(rank)
-        options["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(backend, store=store, rank=rank,
                             world_size=task["world_size"], timeout=wait, **options)
     if emulate:

@@ -99,17 +99,34 @@ class Work:
     NCCL, ``wait()`` makes this thread's stream wait for the collective's last
     messages (on a GPU it does not block for them)."""
 
-    def __init__(self, future: concurrent.futures.Future) -> None:
+    def __init__(self, future: concurrent.futures.Future, blocking: bool = False
+                 ) -> None:
         self._future = future
+        self.blocking = blocking  # a barrier's: wait() also blocks the host
 
     def wait(self, timeout: Any = None) -> bool:
-        done = self._future.result()
+        """Order the caller's stream after the collective (and raise its error);
+        with a ``timeout`` (seconds or a timedelta), raise
+        :class:`torch.distributed.DistBackendError` once it passes."""
+        seconds = getattr(timeout, "total_seconds", lambda: timeout)() or None
+        try:
+            done = self._future.result(seconds)
+        except concurrent.futures.TimeoutError:
+            raise dist.DistBackendError(
+                f"colltutor: the collective did not complete within {timeout}"
+            ) from None
         if done is not None:
             done.wait()
+        if self.blocking:
+            synchronize()
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        """True once the collective has run, on the GPU too."""
+        if not self._future.done():
+            return False
+        done = None if self._future.exception() else self._future.result()
+        return done is None or done.query()
 
     def exception(self) -> BaseException | None:
         return self._future.exception() if self._future.done() else None
@@ -181,11 +198,12 @@ def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
         guards.flush(group)
         done = _profiled(group, job)
         if async_op:
-            return Work(done)
+            return Work(done, blocking=collective == "barrier")
         done.result().wait()
         return None
     if async_op and not failed:
-        return Work(_worker(group).submit(job, True))
+        guards.flush(group)  # point-to-point messages posted before this go first
+        return Work(_worker(group).submit(job, True), blocking=collective == "barrier")
     in_order(group)
     job(False)  # a rank whose arguments are wrong raises here, after the agreement
     return None
@@ -297,14 +315,19 @@ class _Done:
             torch.cuda.current_stream(self.device).wait_event(self.event)
         nccl_rules.adopt(self.groups)
 
+    def query(self) -> bool:
+        """Whether the GPU (or the emulation's stream) has run it all."""
+        gpu = self.event is None or self.event.query()
+        return gpu and all(group.done.is_set() for group in self.groups)
+
 
 def in_order(group: ProcessGroup | None) -> None:
     """Wait for the group's asynchronous collectives, so that what this thread sends
     next follows them: one thread at a time issues a group's messages, in the order
     the program asked (NCCL pairs messages by the order they were posted)."""
     group = group if group is not None else dist.group.WORLD
-    guards.flush(group)  # point-to-point messages posted before this go first
     _after_async(group)
+    guards.flush(group)  # point-to-point messages posted before this go first
 
 
 def _after_async(group: ProcessGroup | None) -> None:
@@ -396,8 +419,8 @@ def isend(tensor: torch.Tensor, dst: int | None = None,
     """Start sending ``tensor`` to ``dst``; returns a handle with ``wait()``."""
     peer = _group_rank(group, dst, group_dst, "dst")
     comm = Comm(group, tag=tag)
-    if comm.batched:  # after the group's collectives (NCCL pairs in posting order)
-        _after_async(group)
+    if comm.batched_for(tensor):  # after the group's collectives (NCCL pairs in
+        _after_async(group)       # posting order)
     return guards.send(comm, peer, _flat(tensor), tensor.shape)
 
 
@@ -407,8 +430,8 @@ def irecv(tensor: torch.Tensor, src: int | None = None,
     """Start receiving into ``tensor`` from ``src``; returns a waitable handle."""
     peer = _group_rank(group, src, group_src, "src")
     comm = Comm(group, tag=tag)
-    if comm.batched:  # after the group's collectives (NCCL pairs in posting order)
-        _after_async(group)
+    if comm.batched_for(tensor):  # after the group's collectives (NCCL pairs in
+        _after_async(group)       # posting order)
     return guards.receive(comm, peer, _flat(tensor))
 
 
@@ -800,9 +823,10 @@ def _then(group: ProcessGroup | None, work: Work | None, finish: Callable[[], An
         finish()
         return None
 
-    def job() -> None:
+    def job() -> _Done:
         work.wait()
         finish()
+        return _Done()  # where the copies end, for the caller's stream
 
     return Work(_worker(group if group is not None else dist.group.WORLD).submit(job))
 

@@ -29,6 +29,7 @@ from torch._C import _distributed_c10d as c10d
 
 from colltutor import api
 from colltutor.p2p import membership
+from colltutor.transports import nccl_rules
 from colltutor.transports.torch_dist import DeviceTransport, backend_for
 
 NAME = "colltutor"
@@ -40,21 +41,34 @@ class ProcessGroup(dist.ProcessGroup):
     """One group of the ``"colltutor"`` backend, as one rank sees it."""
 
     def __init__(self, store: dist.Store, rank: int, size: int,
-                 timeout: timedelta, name: str = "", ranks: list[int] | None = None
-                 ) -> None:
+                 timeout: timedelta, name: str = "", ranks: list[int] | None = None,
+                 device: torch.device | None = None) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        # the messages' transports, under their own prefixes of the group's store:
-        # gloo for CPU tensors, NCCL for CUDA tensors where there are GPUs
+        # the device backends, under their own prefixes of the group's store: gloo
+        # for CPU tensors, NCCL for CUDA tensors where there are GPUs; torch's C++
+        # callers (DTensor, torch.compile) reach them directly
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank,
                                           size, timeout)
         self.backends: dict[str, dist.Backend] = {"cpu": self.gloo}
-        """Device type -> the backend that moves the messages of its tensors."""
+        """Device type -> the backend registered for it (what native calls use)."""
+        self.messages = dict(self.backends)
+        """Device type -> the backend that moves colltutor's own messages."""
         if nccl_usable():
+            ranks = ranks or list(range(size))
             self.backends["cuda"] = _nccl(dist.PrefixStore("nccl/", store), rank, size,
-                                          timeout, name, ranks or list(range(size)))
-        for device, backend in self.backends.items():
-            self._register_backend(torch.device(device), _TYPES[device], backend)
+                                          timeout, name, ranks)
+            # an NCCL communicator of their own: one communicator must never be
+            # used by two threads at once, and native callers use the registered one
+            self.messages["cuda"] = _nccl(dist.PrefixStore("nccl-p2p/", store), rank,
+                                          size, timeout, f"{name}:colltutor", ranks)
+        for kind, backend in self.backends.items():
+            self._register_backend(torch.device(kind), _TYPES[kind], backend)
+        if device is not None and device.type == "cuda" and "cuda" in self.messages:
+            # connect now, with every rank here: a communicator made by its first
+            # message needs all ranks, and a first message between two would hang
+            self.bound_device_id = device
+            self.messages["cuda"].eager_connect_single_device(device)
 
     def getBackendName(self) -> str:  # noqa: N802 (PyTorch's name)
         return NAME
@@ -146,17 +160,22 @@ class ProcessGroup(dist.ProcessGroup):
                          input_tensors)
 
     def barrier(self, opts=None):
-        return self._run(api.barrier, [])
+        work = self._run(api.barrier, [])
+        work.blocking = True  # as NCCL's: wait() returns once the GPU is idle too
+        return work
 
     # -- point-to-point: the device backends' own messages ---------------------------
 
     def transport(self, tag: int) -> DeviceTransport:
         """How :class:`colltutor.p2p.Comm` moves this group's messages: each by its
         tensor's device backend (gloo's messages one at a time, a step's NCCL messages
-        in one NCCL group).  Where NCCL's rules are emulated on the CPU, this group's
-        messages are still gloo's: the rules govern NCCL groups."""
+        in one NCCL group).  Where NCCL's rules are emulated on the CPU, they govern
+        this group's messages too, as they would its NCCL messages on GPUs."""
         me = membership(self)
-        return DeviceTransport(self.backends, me.rank, me.global_ranks, tag)
+        if nccl_rules.active():
+            return nccl_rules.NcclRulesTransport(self, me.rank, me.global_ranks,
+                                                 "gloo", tag)
+        return DeviceTransport(self.messages, me.rank, me.global_ranks, tag)
 
     def send(self, tensors, dst, tag):
         return self._on(tensors).send(tensors, dst, tag)
@@ -168,7 +187,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._on(tensors).recv_anysource(tensors, tag)
 
     def _on(self, tensors: list[torch.Tensor]) -> dist.Backend:
-        return backend_for(self.backends, tensors[0].device.type)
+        return backend_for(self.messages, tensors[0].device.type)
 
     # -- work objects ----------------------------------------------------------------
 
@@ -191,11 +210,12 @@ class ProcessGroup(dist.ProcessGroup):
         marks: list[torch.cuda.Event] = []  # where each GPU's part ends
 
         def done(_=None) -> None:
-            if any(not w.is_completed() for w in pending) or not once.acquire(False):
+            if any(not w._future.done() for w in pending) or not once.acquire(False):
                 return
             try:
                 for w in pending:
                     w.wait()
+                nccl_rules.settle()  # emulated NCCL: the outputs are written now
             except Exception as error:  # handed to the caller's wait()
                 future.set_exception(error)
                 return
@@ -223,6 +243,7 @@ class Work(dist.Work):
                  marks: list[torch.cuda.Event] | None = None) -> None:
         super().__init__()
         self.future, self.marks = future, marks if marks is not None else []
+        self.blocking = False
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Wait for the collective (and raise its error); with a ``timeout`` (not
@@ -235,6 +256,8 @@ class Work(dist.Work):
                 raise dist.DistBackendError(
                     f"colltutor: the collective did not complete within {timeout}")
         self.future.wait()  # raises what the collective raised
+        if self.blocking:
+            api.synchronize()
         return True
 
     def is_completed(self) -> bool:
@@ -283,9 +306,36 @@ def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta, name: str
 
 
 def _create(options, backend_options=None) -> ProcessGroup:
+    device = backend_options if isinstance(backend_options, torch.device) else None
     return ProcessGroup(options.store, options.group_rank, options.group_size,
                         options.timeout, options.group_id,
-                        list(options.global_ranks_in_group))
+                        list(options.global_ranks_in_group),
+                        device or _bound_device())
+
+
+def _bound_device() -> torch.device | None:
+    """The GPU that the world's ranks were bound to (``init_process_group``'s
+    ``device_id``), which new groups share."""
+    if not dist.is_initialized():
+        return None
+    return getattr(dist.distributed_c10d._get_default_group(), "bound_device_id",
+                   None)
+
+
+def init_options(backend: str, local_rank: int) -> dict:
+    """``init_process_group``'s options that bind this rank to its GPU, as
+    torchrun's NCCL users do (``torch.cuda.set_device`` and ``device_id``), for
+    NCCL and for a ``"colltutor"`` world on GPUs; nothing on the CPU.  Ranks share
+    GPUs round-robin where there are fewer GPUs than ranks (NCCL 2.30+ allows that
+    with ``NCCL_MULTI_RANK_GPU_ENABLE=1``)."""
+    if backend not in ("nccl", NAME) or not nccl_usable():
+        return {}
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    options: dict = {"device_id": device}
+    if backend == NAME:
+        options["pg_options"] = device  # the group connects its own NCCL now
+    return options
 
 
 def register() -> None:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from colltutor import ops, status
 from colltutor.p2p import Comm, Pending
+from colltutor.transports import nccl_rules
 
 
 def enabled() -> bool:
@@ -386,7 +387,11 @@ def _check_locally(call: _Call, comm: Comm) -> None:
 
 def check_device(tensor: torch.Tensor, backend: str, what: str = "tensor") -> None:
     """gloo moves CPU tensors; NCCL moves CUDA tensors on the rank's own device; a
-    ``"colltutor"`` group with GPUs (``gloo+nccl``) moves either."""
+    ``"colltutor"`` group with GPUs (``gloo+nccl``) moves either.  Under NCCL's
+    emulation, a tensor must be on the rank's stand-in GPU."""
+    if nccl_rules.active():
+        nccl_rules.check_device(tensor, what)
+        return
     if backend == "gloo" and tensor.device.type != "cpu":
         raise ValueError(f"{what} is on {tensor.device}, but the gloo backend moves "
                          "CPU tensors only (call .cpu() first)")
@@ -531,12 +536,12 @@ def _header_comm(comm: Comm) -> Comm:
 def send(comm: Comm, peer: int, flat: torch.Tensor,
          shape: torch.Size | None = None) -> Pending:
     """Post a send of ``flat`` to ``peer``: with checks, a header then the payload."""
-    if comm.batched:
-        if enabled():
-            check_device(flat, comm.backend)
+    if comm.batched_for(flat):
+        if not enabled():
+            return _batch(comm).add("send", peer, flat)
+        check_device(flat, comm.backend)
         header = _header(flat, flat.shape if shape is None else shape)
-        return _batch(comm).add(sends=[(peer, header.to(comm.device))] * enabled()
-                                + [(peer, flat)])
+        return _batch(comm).add("send", peer, flat, header.to(comm.device))
     if not enabled():
         return comm.post(sends=[(peer, flat)])
     check_device(flat, comm.backend)
@@ -569,13 +574,12 @@ def receive(comm: Comm, peer: int, flat: torch.Tensor):
     natively, and a mismatch never reaches gloo (which would abort).  On NCCL,
     header and payload join the group's open batch of messages.
     """
-    if comm.batched:
-        if enabled():
-            check_device(flat, comm.backend)
+    if comm.batched_for(flat):
+        if not enabled():
+            return _batch(comm).add("recv", peer, flat)
+        check_device(flat, comm.backend)
         header = torch.empty(_HEADER, dtype=torch.int64, device=comm.device)
-        checked = [(peer, header)] * enabled()
-        return _batch(comm).add(recvs=checked + [(peer, flat)],
-                                check=(peer, flat, header) if checked else None)
+        return _batch(comm).add("recv", peer, flat, header)
     if not enabled():
         return comm.post(recvs=[(peer, flat)])
     check_device(flat, comm.backend)
@@ -659,33 +663,83 @@ class _Batch:
     """The point-to-point messages a rank posted on a group since its last wait, on
     a transport that needs them in one group (NCCL): they go out together when any
     of them is waited for, or before the group's next collective, so that "irecv
-    and isend, then wait" works as it does with ``batch_isend_irecv``.  A message's
-    header travels in the same group as its payload, and is checked after both
-    arrive (a mismatch in bytes cannot be caught earlier on NCCL)."""
+    and isend, then wait" works as it does with ``batch_isend_irecv``.
+
+    With checks on, each message is its header, then its payload, between the same
+    two ranks, whatever the other rank batched.  The host reads a header before the
+    payload's receive is posted, so the batch goes out in rounds: round ``r``
+    carries every peer's payload ``r - 1`` and header ``r``.  A payload whose size
+    does not match its buffer is drained into scratch (NCCL would hang or write
+    past the buffer), and the mismatch is raised once the batch is done."""
 
     def __init__(self, comm: Comm) -> None:
-        self.comm, self.sends, self.recvs = comm, [], []
-        self.checks: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.comm = comm
+        self.streams: dict[tuple[str, int], list[list]] = {}
+        """("send" or "recv", peer) -> its messages in order, each [payload,
+        header or None]."""
         self.posted: Pending | None = None
+        self.error: MismatchError | None = None
 
-    def add(self, sends: list = (), recvs: list = (), check: tuple | None = None
-            ) -> _InBatch:
-        self.sends += sends
-        self.recvs += recvs
-        if check is not None:
-            self.checks.append(check)
+    def add(self, kind: str, peer: int, payload: torch.Tensor,
+            header: torch.Tensor | None = None) -> _InBatch:
+        self.streams.setdefault((kind, peer), []).append([payload, header])
         return _InBatch(self)
 
     def post(self) -> None:
-        if self.posted is None:
-            _batches.pop(id(self.comm.group), None)
-            self.posted = self.comm.post(self.sends, self.recvs)
+        if self.posted is not None:
+            return
+        _batches.pop(id(self.comm.group), None)
+        if all(header is None for messages in self.streams.values()
+               for _, header in messages):  # checks off: one group, as NCCL's
+            self.posted = self.comm.post(*self._round(None, payload=True))
+            return
+        headers = _header_comm(self.comm)
+        rounds = max(map(len, self.streams.values())) + 1
+        for r in range(rounds):
+            sends, recvs = self._round(r - 1, payload=True)
+            if sends or recvs or r == rounds - 1:
+                self.posted = self.comm.post(sends, recvs)
+            if r < rounds - 1:
+                headed = headers.post(*self._round(r, payload=False))
+                if self.posted is not None:
+                    self.posted.wait()
+                headed.wait()
+                self._read(r)
+
+    def _round(self, index: int | None, payload: bool) -> tuple[list, list]:
+        """The sends and receives of every stream's message ``index`` (every
+        message for None): their payloads, or their headers."""
+        sends, recvs = [], []
+        for (kind, peer), messages in self.streams.items():
+            chosen = messages if index is None else messages[index:index + 1]
+            for body, header in chosen if index is None or index >= 0 else ():
+                tensor = body if payload else header
+                if tensor is not None:
+                    (sends if kind == "send" else recvs).append((peer, tensor))
+        return sends, recvs
+
+    def _read(self, index: int) -> None:
+        """Check each received header of round ``index``; a payload that does not
+        fit its buffer is received into scratch of the announced size instead."""
+        for (kind, peer), messages in self.streams.items():
+            if kind != "recv" or index >= len(messages) or messages[index][1] is None:
+                continue
+            flat, header = messages[index]
+            fields = header.tolist()
+            try:
+                _check_header(self.comm, peer, flat, fields)
+            except MismatchError as error:
+                self.error = self.error or error
+                if fields[0] != _MAGIC:
+                    raise
+                messages[index][0] = torch.empty(
+                    fields[2], dtype=_DTYPES[fields[1]], device=flat.device)
 
     def wait(self) -> None:
         self.post()
         self.posted.wait()
-        for peer, flat, header in self.checks:
-            _check_header(self.comm, peer, flat, header.tolist())
+        if self.error is not None:
+            raise self.error
 
 
 class _InBatch:

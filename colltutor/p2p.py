@@ -223,6 +223,14 @@ class Comm:
         """NCCL needs a step's messages in one group call; gloo takes them singly."""
         return getattr(self.transport, "batched", False)
 
+    def batched_for(self, tensor: torch.Tensor) -> bool:
+        """Whether a user's messages of ``tensor`` wait to travel in one group:
+        always on NCCL; on a ``"colltutor"`` group, for CUDA tensors."""
+        if self.batched:
+            return True
+        ask = getattr(self.transport, "batched_for", None)
+        return ask is not None and ask(tensor)
+
     @property
     def phase(self) -> str:
         """The algorithms currently running, outermost first, e.g. ``ring/ring_rs``."""

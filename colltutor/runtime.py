@@ -236,8 +236,15 @@ def device() -> torch.device:
     import torch
     import torch.distributed as dist
 
+    from colltutor.transports import nccl_rules
+
+    bound = getattr(dist.group.WORLD, "bound_device_id", None)
+    if bound is not None:  # NCCL's or a "colltutor" world's GPU
+        return bound
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
+    if nccl_rules.active():  # the emulation's stand-in for this rank's GPU
+        return nccl_rules.device()
     return torch.device("cpu")
 
 
@@ -245,8 +252,10 @@ def _where() -> str:
     import torch
     import torch.distributed as dist
 
-    gpu = torch.cuda.get_device_name() if dist.get_backend() == "nccl" else "no GPU"
-    return f"backend {dist.get_backend()}, device {device()} ({gpu})"
+    here = device()
+    gpu = torch.cuda.get_device_name(here) if here.type == "cuda" else "no GPU"
+    shown = here if here.type == "cuda" else here.type  # the emulation's cpu:r: cpu
+    return f"backend {dist.get_backend()}, device {shown} ({gpu})"
 
 
 def environment(world_size: int = 4) -> str:
@@ -302,7 +311,6 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, 
     ``"auto"``) it joins ``MPI_COMM_WORLD`` (:mod:`colltutor.transports.mpi`).
     Anywhere else: a world of one rank.
     """
-    import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -315,15 +323,13 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, 
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE",
                                             os.environ["WORLD_SIZE"]))
+            from colltutor.backend import init_options
             from colltutor.transports import nccl_rules
 
             if backend == "auto":
                 backend = _choose_backend(backend, local_size)
             emulate = backend == "nccl" and nccl_rules.requested()
-            options: dict[str, Any] = {}
-            if backend == "nccl" and not emulate:
-                torch.cuda.set_device(local_rank)
-                options["device_id"] = torch.device("cuda", local_rank)
+            options = {} if emulate else init_options(backend, local_rank)
             dist.init_process_group("gloo" if emulate else backend,
                                     init_method="env://", timeout=wait, **options)
             if emulate:  # NCCL's rules over gloo

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import guards, ops, registry
+from colltutor import guards, ops, registry, runtime
 from colltutor.transports import nccl_rules
 
 R = dist.ReduceOp
@@ -479,9 +479,16 @@ def check_backend(device: torch.device | str = "cpu") -> dict:
     return report
 
 
+def _device(kind: str) -> torch.device:
+    """This rank's GPU for ``"cuda"`` (or the NCCL emulation's stand-in), else the
+    CPU."""
+    if kind == "cuda" or nccl_rules.active():
+        return runtime.device()
+    return torch.device("cpu")
+
+
 def _rank_main(sample: int, device_kind: str) -> dict:
-    device = torch.device(device_kind, torch.cuda.current_device()) \
-        if device_kind == "cuda" else torch.device("cpu")
+    device = _device(device_kind)
     # The world pass runs without the argument checks (they have their own tests and
     # would double the time); the subgroup pass runs with them, as users do.
     guards.set_checks(False)
@@ -496,8 +503,7 @@ def _rank_main(sample: int, device_kind: str) -> dict:
 
 
 def _backend_main(device_kind: str) -> dict:
-    device = torch.device(device_kind, torch.cuda.current_device()) \
-        if device_kind == "cuda" else torch.device("cpu")
+    device = _device(device_kind)
     return check_backend(device)
 
 

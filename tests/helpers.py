@@ -32,3 +32,11 @@ def outcome(fn) -> tuple[str, str]:
         return ("ok", "")
     except Exception as error:  # every outcome goes back to the test
         return (type(error).__name__, str(error))
+
+
+def gpu():
+    """This rank's GPU (NCCL's emulation's stand-in for it), or the CPU on gloo:
+    tensors that a collective moves are made on it, as the notebooks make them."""
+    import colltutor
+
+    return colltutor.device()

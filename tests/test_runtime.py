@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import gpu
 
 import colltutor
 from colltutor import _client, runtime, status
@@ -62,7 +63,7 @@ def test_closures_lambdas_and_results_in_rank_order():
     offset = torch.tensor([100.0])
 
     def closure(scale: float):
-        t = torch.ones(2) * (dist.get_rank() + 1)
+        t = torch.ones(2, device=gpu()) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         return colltutor.rank(), colltutor.world_size(), (t * scale + offset).tolist()
 
@@ -130,7 +131,8 @@ def test_an_exception_stops_every_rank_at_once(capsys):
         print("about to fail")
         if dist.get_rank() == 1:
             raise ValueError("rank one is broken")
-        dist.recv(torch.zeros(1), src=1)  # never completes: only a stop ends it
+        # never completes: only a stop ends it
+        dist.recv(torch.zeros(1, device=gpu()), src=1)
 
     with pytest.raises(colltutor.RankError) as info:
         colltutor.run(fails_on_one, 3, timeout=120)  # a timeout would be the bug
@@ -153,7 +155,7 @@ def test_a_failure_on_several_ranks_names_them_all():
 
 def test_the_same_error_on_every_rank_is_told_once():
     def sizes_differ():
-        colltutor.all_reduce(torch.ones(4 + dist.get_rank()))
+        colltutor.all_reduce(torch.ones(4 + dist.get_rank(), device=gpu()))
 
     with pytest.raises(colltutor.RankError) as info:
         colltutor.run(sizes_differ, 4)
@@ -185,7 +187,8 @@ def test_different_errors_are_each_shown():
 
 def test_the_rank_that_caused_an_error_comes_first():
     def bad_root():
-        colltutor.broadcast(torch.ones(2), 7 if dist.get_rank() == 1 else 0)
+        root = 7 if dist.get_rank() == 1 else 0
+        colltutor.broadcast(torch.ones(2, device=gpu()), root)
 
     with pytest.raises(colltutor.RankError) as info:
         colltutor.run(bad_root, 3)
@@ -208,7 +211,7 @@ def test_a_result_that_cannot_travel_is_an_error():
 ])
 def test_a_rank_that_dies_mid_collective_fails_the_run_at_once(how, expected):
     def dies():
-        t = torch.ones(1000)
+        t = torch.ones(1000, device=gpu())
         if dist.get_rank() == 1:
             if how == "exit":
                 os._exit(3)
@@ -234,7 +237,7 @@ def waits_for_left(comm: Comm, buf: torch.Tensor) -> None:
 def test_a_timeout_names_the_collective_and_who_returned_from_it():
     def rank_two_skips():
         if dist.get_rank() != 2:
-            colltutor.all_reduce(torch.ones(4))
+            colltutor.all_reduce(torch.ones(4, device=gpu()))
 
     with pytest.raises(colltutor.RankTimeoutError) as info:
         colltutor.run(rank_two_skips, 4, timeout=2)
@@ -252,7 +255,8 @@ def test_a_timeout_names_the_ranks_that_had_returned_from_the_collective():
         colltutor.set_checks(False)  # no agreement: the tree's first ranks finish
         if dist.get_rank() == 3:
             time.sleep(600)
-        colltutor.broadcast(torch.ones(4), 0, algorithm="binomial_tree")
+        x = torch.ones(4, device=gpu())
+        colltutor.broadcast(x, 0, algorithm="binomial_tree")
 
     with pytest.raises(colltutor.RankTimeoutError) as info:
         colltutor.run(last_rank_late, 4, timeout=2)
@@ -320,7 +324,7 @@ def test_keyboard_interrupt_stops_every_rank(monkeypatch):
 
 def test_world_sizes_back_to_back_including_one_and_more_than_the_cores():
     def sum_of_ranks():
-        t = torch.tensor([dist.get_rank()])
+        t = torch.tensor([dist.get_rank()], device=gpu())
         dist.all_reduce(t)
         return dist.get_world_size(), t.item(), os.getpid()
 

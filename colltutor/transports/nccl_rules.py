@@ -17,11 +17,21 @@ alike (:func:`install` patches them):
   :func:`synchronize`; a read without a wait sees the old values;
 * native bitwise reductions are refused; floating-point AVG is computed as NCCL
   computes it (every input times 1/p, then summed); the native barrier blocks the
-  host.
+  host;
+* each rank has a GPU of its own: :func:`device` is rank ``r``'s ``cpu:r``, a
+  stand-in for ``cuda:r``.  Tensors made on it, or moved to it, count as on the GPU
+  (and so does what is computed from them); tensors made on the plain CPU, or
+  brought back with ``.cpu()``, count as host memory, and a collective or a message
+  refuses them as NCCL refuses a CPU tensor (:func:`check_device`);
+* ``"colltutor"`` groups follow the same rules as NCCL groups (:class:`
+  NcclRulesTransport` carries their messages).
 
-What it does not model: speed, CUDA devices and memory, NVLink or network
-topology, NCCL's kernels, protocols and channels, and timeouts of NCCL's own
-watchdog (the runtime's timeout reports a hang instead).  Chapter 10 says more.
+What it does not model: speed, CUDA memory, NVLink or network topology, NCCL's
+kernels, protocols and channels, communicators made lazily and their
+host-blocking first connection, two threads posting on one communicator at once,
+and timeouts of NCCL's own watchdog (the runtime's timeout reports a hang
+instead).  Tensors that torch makes in C++ (DDP's buckets) count as wherever the
+program put them.  Chapter 10 says more.
 """
 
 from __future__ import annotations
@@ -140,6 +150,12 @@ def _catch_up() -> None:
             _commit(group)
 
 
+def settle() -> None:
+    """Make what this thread's stream waited for visible now (a callback that
+    hands outputs to C++ code the emulation cannot see, as DDP's reducer)."""
+    _catch_up()
+
+
 def hand_over() -> list:
     """What this thread's stream still waits for, taken off it so that another
     thread can :func:`adopt` it (a CUDA event recorded on one stream and waited on
@@ -176,13 +192,92 @@ def synchronize() -> None:
 _posted: list[_Group] = []  # groups whose data is not visible yet, for synchronize()
 
 
+# -- where tensors live: each rank's stand-in GPU ---------------------------------
+
+_WHERE = "_colltutor_where"  # on a tensor: HOST, or the rank whose GPU holds it
+HOST = -1
+
+
+def device() -> torch.device:
+    """This rank's stand-in for its GPU: ``cpu:r`` (tensors made on it are CPU
+    tensors that count as on ``cuda:r``)."""
+    return torch.device("cpu", dist.get_rank())
+
+
+def where(tensor: torch.Tensor) -> int | None:
+    """:data:`HOST`, the rank whose stand-in GPU holds ``tensor``, or None (made
+    where the emulation cannot see, in torch's C++)."""
+    return getattr(tensor, _WHERE, None)
+
+
+def check_device(tensor: torch.Tensor, what: str = "tensor") -> None:
+    """Refuse ``tensor`` as NCCL refuses a tensor that is not on this rank's GPU."""
+    found = where(tensor)
+    if found is not None and found != dist.get_rank():
+        place = "cpu" if found == HOST else f"cuda:{found} (emulated)"
+        raise ValueError(f"{what} is on {place}, but NCCL on this rank moves tensors "
+                         f"on cuda:{dist.get_rank()} (emulated; make it with "
+                         "device=colltutor.device())")
+
+
+def _placed(func, args: tuple, kwargs: dict) -> int | None:
+    """Where ``func``'s result lives: the device it names; else a GPU one of its
+    inputs is on; else the CPU when all its inputs are known to be there (or it
+    has none); else unknown (None)."""
+    named = kwargs.get("device")
+    if named is None:
+        named = next((a for a in args if isinstance(a, (torch.device, str))), None)
+    if isinstance(named, str) and named.startswith("cpu"):
+        named = torch.device(named)
+    if isinstance(named, torch.device) and named.type == "cpu":
+        return HOST if named.index is None else named.index
+    if getattr(func, "__name__", "") == "cpu":
+        return HOST
+    marks = {where(t) for a in (*args, *kwargs.values())
+             for t in (a if isinstance(a, (list, tuple)) else (a,))
+             if isinstance(t, torch.Tensor)}
+    on_gpu = marks - {None, HOST}
+    if on_gpu:
+        return min(on_gpu)
+    return None if None in marks else HOST
+
+
+def _mark(result, place: int | None) -> None:
+    for t in (result if isinstance(result, (list, tuple)) else (result,)):
+        if isinstance(t, torch.Tensor):
+            try:
+                setattr(t, _WHERE, place)
+            except (AttributeError, RuntimeError):  # a tensor that takes no attribute
+                pass
+
+
 class _StreamOrder(TorchFunctionMode):
     """Every tensor operation on this thread first catches up with the groups its
-    stream waited for (on a GPU: a kernel or a copy queued after the wait)."""
+    stream waited for (on a GPU: a kernel or a copy queued after the wait), and its
+    result is marked with where it lives (:func:`where`); ``tensor.device`` says
+    ``cpu:r`` for a tensor on rank ``r``'s stand-in GPU."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(_waits, "groups", None):
             _catch_up()
+        kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if owner is _DEVICE:  # tensor.device
+            mark = where(args[0])
+            return func(*args) if mark in (None, HOST) else torch.device("cpu", mark)
+        if owner is _DATA and func.__name__ == "__set__":  # param.data = moved
+            _mark(args[0], where(args[1]))
+        place = _placed(func, args, kwargs)
+        result = self._call(func, args, kwargs)
+        if args and result is args[0]:  # in place, or a move that did not move
+            if place != HOST or where(result) in (None, HOST):
+                return result
+            result = result.view_as(result)  # .cpu() of a GPU tensor: another one
+        if place is not None:
+            _mark(result, place)
+        return result
+
+    def _call(self, func, args, kwargs):
         if func in _BACKWARD:
             # backward runs Python (autograd functions that call collectives) whose
             # tensor operations keep the stream order too; a mode is off while it
@@ -190,13 +285,15 @@ class _StreamOrder(TorchFunctionMode):
             _waits.in_backward = True
             try:
                 with self:
-                    return _backward(*args, **(kwargs or {}))
+                    return _backward(*args, **kwargs)
             finally:
                 _waits.in_backward = False
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
 
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward}
+_DEVICE = torch._C.TensorBase.__dict__["device"]  # the property ``tensor.device``
+_DATA = torch._C.TensorBase.__dict__["data"]  # ``tensor.data``, which Module.to sets
 
 
 def _backward(tensors, gradient=None, retain_graph=None, create_graph=False,
@@ -312,6 +409,7 @@ def install() -> None:
 
 
 def _isend(tensor, dst=None, group=None, tag=0, group_dst=None) -> Work:
+    check_device(tensor)
     return Work(_post(_pg(group), [(_peer(group, dst, group_dst), tensor)], []))
 
 
@@ -332,6 +430,7 @@ def _peer(group, rank: int | None, group_rank: int | None) -> int:
 def _irecv(tensor, src=None, group=None, tag=0, group_src=None):
     if src is None and group_src is None:
         raise RuntimeError("NCCL does not support receiving from any source")
+    check_device(tensor)
     return Work(_post(_pg(group), [], [(_peer(group, src, group_src), tensor)]))
 
 
@@ -355,6 +454,12 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
     return _native["barrier"](group=group, async_op=async_op)
 
 
+def _own_messages(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` moves its collectives' messages itself (a ``"colltutor"``
+    group, whose transport is under these rules): not queued again here."""
+    return hasattr(_pg(group), "transport")
+
+
 def _tensors(value: Any) -> list[torch.Tensor]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -367,10 +472,17 @@ def _collective(name: str, fn: Callable, signature: Any) -> Callable:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
+        if _own_messages(a.get("group")):  # its messages follow the rules already
+            return fn(*args, **kwargs)
         op = a.get("op")
         if op in _BITWISE:
             raise RuntimeError(f"Cannot use ReduceOp.{str(op).split('.')[-1]} "
                                "with NCCL")
+        for value in a.values():
+            if isinstance(value, (list, tuple, torch.Tensor)):
+                for t in _tensors(value):
+                    if isinstance(t, torch.Tensor):
+                        check_device(t)
         outputs = [t for arg in _WRITTEN[name] if a.get(arg) is not None
                    for t in _tensors(a[arg])]
         landing = [(t, t.detach().clone()) for t in outputs]

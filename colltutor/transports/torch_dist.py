@@ -31,6 +31,7 @@ class TorchTransport:
                        if self.batched else _CPU)
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
+        _on_device(self.device, sends, recvs, self.backend)
         if self.batched:
             ops = [self._op(dist.irecv, t, peer) for peer, t in recvs]
             ops += [self._op(dist.isend, t, peer) for peer, t in sends]
@@ -80,15 +81,13 @@ class DeviceTransport:
                 works += [backend.recv([t], peer, self.tag) for peer, t in mine]
                 works += [backend.send([t], peer, self.tag) for peer, t in theirs]
                 continue
-            backend._start_coalescing()
-            try:
-                for peer, t in mine:
-                    backend.recv([t], peer, self.tag)
-                for peer, t in theirs:
-                    backend.send([t], peer, self.tag)
-            finally:
-                works.append(backend._end_coalescing())  # the whole step's work
+            works += _grouped(backend, mine, theirs, self.tag)
         return works
+
+    def batched_for(self, tensor: torch.Tensor) -> bool:
+        """Whether messages of ``tensor``'s device travel in groups (NCCL's): then
+        a user's ``isend``/``irecv`` wait in a batch, as on an NCCL group."""
+        return backend_for(self.backends, tensor.device.type).supports_coalescing
 
     def recv_any(self, tensor: torch.Tensor) -> int:
         backend = backend_for(self.backends, tensor.device.type)
@@ -98,6 +97,38 @@ class DeviceTransport:
         work.wait()
         return work._source_rank()
 
+
+
+def _grouped(backend: dist.Backend, recvs: list[Message], sends: list[Message],
+             tag: int) -> list[Handle]:
+    """One step's messages as one group of a coalescing backend (NCCL's
+    ``ncclGroupStart``/``ncclGroupEnd``, what ``batch_isend_irecv`` does).  If a
+    message is refused, the group is still closed, so that the backend stays
+    usable, and the refusal is what the caller sees."""
+    backend._start_coalescing()
+    try:
+        for peer, t in recvs:
+            backend.recv([t], peer, tag)
+        for peer, t in sends:
+            backend.send([t], peer, tag)
+    except BaseException:
+        try:
+            backend._end_coalescing()
+        except Exception:  # noqa: S110 (the first error is the one to report)
+            pass
+        raise
+    work = backend._end_coalescing()  # the whole step's work
+    return [] if work is None else [work]
+
+
+def _on_device(device: torch.device, sends: list[Message], recvs: list[Message],
+               backend: str) -> None:
+    """Refuse a tensor that ``backend`` cannot move (also with checks off: gloo
+    would read a GPU pointer from the host, NCCL a host pointer on the GPU)."""
+    for _, t in recvs + sends:
+        if t.device != device:
+            raise ValueError(f"a message tensor is on {t.device}, but {backend} "
+                             f"moves tensors on {device} here")
 
 
 def backend_for(backends: dict[str, dist.Backend], device: str) -> dist.Backend:
