@@ -209,6 +209,10 @@ def cluster_of(topology: str | topologies.Topology) -> Cluster:
     """The nodes and GPUs of a GPU topology (a preset name or object): an
     ``h100-node`` (one node, its ranks on NVSwitch) or an ``h100-cluster``
     (:class:`~colltutor.topologies.RailCluster`).  Others raise ``ValueError``."""
+    if isinstance(topology, str) and topology.partition(":")[0].partition("/")[0] in (
+            "this-machine", "star"):  # not GPUs (and this-machine measures this one)
+        raise ValueError(f"NCCL's model needs a GPU topology (h100-node, "
+                         f"h100-cluster:N), not {topology}")
     topo = topologies.get(topology)
     if isinstance(topo, topologies.RailCluster):
         return Cluster(topo.nodes, topo.gpus, nvswitch=topo.gpus > 1)
@@ -468,6 +472,27 @@ class Prediction(dict[Pair, float]):
                     f"(its choice: {show(self.choice)})")
         return text + f", busbw {self.busbw() / 1e9:.1f} GB/s"
 
+    def counterpart(self, algorithm: str) -> Pair | None:
+        """The fastest pair of the NCCL algorithm that colltutor's ``algorithm``
+        (a registry name, or ``"nvls"``) is a version of, or ``None``."""
+        names = COUNTERPARTS.get(algorithm, ())
+        pairs = [pair for pair in self if pair[0] in names]
+        return min(pairs, key=self.__getitem__) if pairs else None
+
+    def beside(self, algorithm: str) -> str:
+        """What NCCL's model gives for ``algorithm``'s counterpart, for a table row:
+        ``"NCCL ring/ll 15.0 us"``, or ``"NCCL -"`` where it has none."""
+        pair = self.counterpart(algorithm)
+        return f"NCCL {'/'.join(pair)} {self[pair] * 1e6:.1f} us" if pair else "NCCL -"
+
+
+COUNTERPARTS = {
+    "ring": ("ring",), "pipelined_ring": ("ring",), "multi_channel_ring": ("ring",),
+    "double_binary_tree": ("tree",), "nvls": ("nvls", "nvls_tree"), "pat": ("pat",),
+}
+"""colltutor's algorithms that are versions of NCCL's (the same shape, not the same
+execution)."""
+
 
 def nccl_model(collective: str, nbytes: int,
                topology: str | topologies.Topology) -> Prediction:
@@ -489,6 +514,17 @@ def nccl_model(collective: str, nbytes: int,
     return Prediction(coll, int(nbytes), cluster, times)
 
 
+def predict(collective: str, nbytes: int,
+            topology: str | topologies.Topology) -> Prediction | None:
+    """:func:`nccl_model`, or ``None`` where NCCL's model says nothing: a
+    collective NCCL's tuning does not cover (gather, all-to-all, ...), a topology
+    that is not a GPU one.  For tables that print the model when it applies."""
+    try:
+        return nccl_model(collective, nbytes, topology)
+    except ValueError:
+        return None
+
+
 class _Module(types.ModuleType):
     """Lets the module itself be called, as :mod:`colltutor.simulate` is:
     ``colltutor.nccl_model(...)`` while ``colltutor.nccl_model.ring_graph`` and the
@@ -505,4 +541,4 @@ class _Module(types.ModuleType):
 sys.modules[__name__].__class__ = _Module
 
 __all__ = ["ALGORITHMS", "PROTOCOLS", "VERSION", "Cluster", "Graph", "Prediction",
-           "cluster_of", "nccl_model", "nvls_graph", "ring_graph"]
+           "cluster_of", "nccl_model", "nvls_graph", "predict", "ring_graph"]

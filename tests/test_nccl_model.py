@@ -13,6 +13,7 @@ import pytest
 
 import colltutor
 from colltutor import topologies
+from colltutor.transports import simgrid
 
 nm = colltutor.nccl_model
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -143,3 +144,27 @@ def test_topology_object_and_describe():
     assert us(t, ("nvls", "simple")) == pytest.approx(nvls)
     line = t.describe(("nvls", "simple"))
     assert "nvls/simple" in line and "its choice: ring/simple" in line
+
+
+def test_counterparts_for_the_cli():
+    t = nm("all_reduce", GiB, "h100-node")
+    assert t.counterpart("multi_channel_ring") == ("ring", "simple")
+    assert t.counterpart("nvls") == ("nvls", "simple")
+    assert t.counterpart("rabenseifner") is None
+    assert t.beside("rabenseifner") == "NCCL -"
+    assert t.beside("ring").startswith("NCCL ring/simple ")
+    assert nm.predict("all_to_all", GiB, "h100-node") is None
+    assert nm.predict("all_reduce", GiB, "this-machine:4") is None
+    cluster = nm("all_reduce", GiB, "h100-cluster:4")
+    assert cluster.counterpart("nvls") == ("nvls_tree", "simple")
+
+
+@pytest.mark.skipif(not simgrid.available(), reason=simgrid.INSTALL)
+def test_the_simulate_command_prints_nccls_prediction_beside_each_run(capsys):
+    from colltutor.simulate import main
+
+    assert main(["all_reduce", "4K", "h100-node", "-a", "ring", "rabenseifner"]) == 0
+    out = capsys.readouterr().out
+    choice = nm("all_reduce", 4 * KiB, "h100-node")
+    assert f"# {choice.describe()}" in out
+    assert choice.beside("ring") in out and "NCCL -" in out
