@@ -17,8 +17,11 @@ search's outcome for H100 SXM nodes is worked out from the same rules
 gives an HGX H100: 18 NVLinks of ``SM90_NVLINK_BW`` = 20.6 GB/s per GPU (370.8),
 PCIe Gen5 x16 between a GPU and its NIC at 48 GB/s, a 400 Gb/s NIC at 50 GB/s
 (the ``NCCL_DEBUG_SUBSYS=GRAPH`` dump in NVIDIA/nccl issue 1189 prints these).
-On one node this gives NCCL's own dump of NVIDIA/nccl issue 1197 (NCCL 2.19.4,
-8 H100): rings and trees of 12 channels at 30 GB/s, NVLS 8 channels at 40/60.
+On one node this gives the ``GRAPH`` lines quoted from NVIDIA/nccl issue 1197
+(NCCL 2.19.4, 8 H100 on NVSwitch): "Pattern 4, ... nChannels 12, bw 30/30, ...
+sameChannels 1" for rings and trees, "Pattern 5, ... nChannels 8, bw 40/60" for
+NVLS.  Across nodes no such dump was at hand: the values there (rings and trees of
+8 channels at 45 GB/s, NVLS 8 at 40/48) are the rules' outcome alone.
 
 What comes from the topology preset: the number of nodes and of GPUs per node
 (``nRanks``, ``nNodes``); whether the nodes have NVSwitch (H100 nodes do, so NVLS

@@ -47,9 +47,11 @@ INSTALL = (
 )
 
 WORKING = ((3, 32), (3, 34))
-"""The SimGrid releases this transport works with, first and last.  From 3.35
-``Mailbox.get_async`` returns a Comm, 3.36 drops Python's ``add_route`` and 4.0's
-``create_star_zone`` raises."""
+"""The SimGrid releases this transport works with, first and last.  Its Python
+bindings (``src/bindings/python/simgrid_python.cpp`` at each release commit of
+github:simgrid/simgrid): up to 3.34 ``Mailbox.get_async`` returns (Comm, data),
+from 3.35 a Comm alone; 3.36 drops ``NetZone.add_route`` between NetPoints; 4.0's
+``NetZone.create_star_zone`` raises."""
 
 CONFIG = (
     "--cfg=contexts/factory:thread",  # Python actors need threads
@@ -80,7 +82,8 @@ class SimGridVersionError(RuntimeError):
         super().__init__(
             f"SimGrid {version} is installed, but colltutor's simulator works with "
             f"SimGrid {a}.{b} to {c}.{d} only (from 3.35 Mailbox.get_async returns a "
-            f"Comm, 3.36 drops Python's add_route, 4.0's create_star_zone raises).  "
+            f"Comm alone, 3.36 drops add_route between NetPoints, 4.0's "
+            f"create_star_zone raises).  "
             f"Debian 12's python3-simgrid is 3.32 (`make simgrid` as root); elsewhere "
             f"`.venv/bin/pip install 'simgrid>={a}.{b},<{c}.{d + 1}'` builds one "
             f"from source.  See the README, 'Installing SimGrid'.")
