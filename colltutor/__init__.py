@@ -5,7 +5,7 @@ The public functions have the names, parameters and in-place semantics of
 """
 
 from colltutor import backend as _backend
-from colltutor import cost, simulate, topologies, trace
+from colltutor import cost, nccl_model, simulate, topologies, trace
 from colltutor.api import (
     Work,
     algorithms,
@@ -57,7 +57,8 @@ __all__ = [
     "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single",
     "all_reduce", "all_reduce_coalesced", "all_to_all",
     "all_to_all_single", "barrier", "broadcast", "check", "cost", "device",
-    "environment", "gather", "init", "irecv", "isend", "launch", "rank", "recv",
+    "environment", "gather", "init", "irecv", "isend", "launch", "nccl_model",
+    "rank", "recv",
     "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
     "run", "scatter", "send", "set_checks", "shutdown", "simulate", "synchronize",
     "topologies", "trace", "use", "world_size",

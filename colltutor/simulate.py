@@ -116,12 +116,14 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     with the signature of the registry's (a learner's, :func:`colltutor.check`).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
-    install SimGrid, when it is not installed.
+    install SimGrid, when it is not installed (``SimGridVersionError`` for a
+    release it cannot use).
     """
     from colltutor.runtime import run
 
     if not sim.available():
         raise sim.SimGridMissing()
+    sim.load()  # a SimGrid release the transport cannot use stops here, named
     topology = topologies.get(topology)
     p = topology.ranks
     name = collective.removesuffix("_tensor").removesuffix("_single")
@@ -402,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     row per algorithm (``-a all``: every one), nccl-tests' columns."""
     import argparse
 
+    from colltutor import nccl_model
     from colltutor.bench import human, parse_size
 
     ap = argparse.ArgumentParser(prog="colltutor simulate", description=main.__doc__)
@@ -415,13 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     if names == ["all"]:
         names = list(registry.find(args.collective))
     print(f"# {args.collective} of {human(args.size)} on {args.topology}")
+    model = nccl_model.predict(args.collective, args.size, args.topology)
+    if model:  # NCCL's own prediction beside each run (colltutor/nccl_model.py)
+        print(f"# {model.describe()}")
     print(f"# {'algorithm':>20} {'time (us)':>12} {'algbw':>8} {'busbw':>8} "
           f"{'messages':>9} {'wall (s)':>8}")
     for name in names:
         r = simulate(args.collective, args.size, args.topology, name,
                      trace=bool(args.timeline) or None)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
-              f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}")
+              f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
+              + (f"   {model.beside(r.algorithm)}" if model else ""))
         if args.timeline and r.trace is not None:
             from colltutor import draw
 

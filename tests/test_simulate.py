@@ -10,6 +10,8 @@ the alpha-beta model agree.  The routes of the cluster presets need no SimGrid.
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -89,6 +91,27 @@ def test_expected_results_follow_the_contracts():
 def test_simulate_without_simgrid_says_how_to_install(monkeypatch):
     monkeypatch.setattr(simgrid, "available", lambda: False)
     with pytest.raises(simgrid.SimGridMissing, match="python3-simgrid"):
+        colltutor.simulate("all_reduce", 1024, "star:2")
+
+
+@pytest.mark.parametrize("version", ["3.35.0", "3.36.0", "4.1.0", "3.31.0"])
+def test_a_simgrid_this_code_cannot_use_is_named_with_the_ones_it_can(
+        monkeypatch, version):
+    monkeypatch.setitem(sys.modules, "simgrid",
+                        types.SimpleNamespace(simgrid_version=version))
+    with pytest.raises(simgrid.SimGridVersionError,
+                       match=rf"SimGrid {version} is installed.*3\.32 to 3\.34.*"
+                             r"python3-simgrid.*simgrid>=3\.32,<3\.35"):
+        simgrid.load()
+    monkeypatch.setitem(sys.modules, "simgrid",
+                        types.SimpleNamespace(simgrid_version="3.33.1"))
+    assert simgrid.load() is sys.modules["simgrid"]
+
+
+@needs_simgrid
+def test_simulate_stops_on_a_simgrid_it_cannot_use(monkeypatch):
+    monkeypatch.setattr(simgrid.load(), "simgrid_version", "4.1.0")
+    with pytest.raises(simgrid.SimGridVersionError, match="3.32 to 3.34"):
         colltutor.simulate("all_reduce", 1024, "star:2")
 
 

@@ -21,6 +21,7 @@ results are exact.  SimGrid keeps one simulation per process: call
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -38,11 +39,19 @@ from colltutor.topologies import DOWN, UP, Link
 from colltutor.transports import Handle, Message
 
 INSTALL = (
-    "SimGrid's Python module is not installed.  On Debian or Ubuntu: `make simgrid` "
-    "(as root it runs `apt-get install python3-simgrid` and links the module into "
-    ".venv); on other systems `pip install simgrid` builds it from source (cmake, "
-    "boost and a C++ compiler, many minutes).  See the README, 'Simulated clusters'."
+    "SimGrid's Python module is not installed.  On Debian 12: `make simgrid` "
+    "(as root it runs `apt-get install python3-simgrid`, SimGrid 3.32, and links the "
+    "module into .venv); elsewhere `.venv/bin/pip install 'simgrid>=3.32,<3.35'` "
+    "builds it from source (cmake, boost and a C++ compiler, many minutes).  See the "
+    "README, 'Installing SimGrid'."
 )
+
+WORKING = ((3, 32), (3, 34))
+"""The SimGrid releases this transport works with, first and last.  Its Python
+bindings (``src/bindings/python/simgrid_python.cpp`` at each release commit of
+github:simgrid/simgrid): up to 3.34 ``Mailbox.get_async`` returns (Comm, data),
+from 3.35 a Comm alone; 3.36 drops ``NetZone.add_route`` between NetPoints; 4.0's
+``NetZone.create_star_zone`` raises."""
 
 CONFIG = (
     "--cfg=contexts/factory:thread",  # Python actors need threads
@@ -64,19 +73,54 @@ class SimGridMissing(RuntimeError):
         super().__init__(INSTALL)
 
 
+class SimGridVersionError(RuntimeError):
+    """The installed SimGrid is one this transport cannot use (the message says
+    which ones it can, and how to get one)."""
+
+    def __init__(self, version: str) -> None:
+        (a, b), (c, d) = WORKING
+        super().__init__(
+            f"SimGrid {version} is installed, but colltutor's simulator works with "
+            f"SimGrid {a}.{b} to {c}.{d} only (from 3.35 Mailbox.get_async returns a "
+            f"Comm alone, 3.36 drops add_route between NetPoints, 4.0's "
+            f"create_star_zone raises).  "
+            f"Debian 12's python3-simgrid is 3.32 (`make simgrid` as root); elsewhere "
+            f"`.venv/bin/pip install 'simgrid>={a}.{b},<{c}.{d + 1}'` builds one "
+            f"from source.  See the README, 'Installing SimGrid'.")
+
+
+def check_version(module: Any) -> None:
+    """Raise :class:`SimGridVersionError` unless ``module`` (SimGrid's Python
+    module) is a release in :data:`WORKING`; its ``simgrid_version`` attribute,
+    ``"3.32.0"``, names it."""
+    version = str(getattr(module, "simgrid_version", ""))
+    if not _works(version):
+        raise SimGridVersionError(version)
+
+
+@functools.cache
+def _works(version: str) -> bool:
+    numbers = tuple(int(n) for n in version.split(".")[:2] if n.isdigit())
+    return len(numbers) < 2 or WORKING[0] <= numbers <= WORKING[1]
+
+
 def available() -> bool:
     """Whether SimGrid's Python module can be imported (without importing it)."""
     return importlib.util.find_spec("simgrid") is not None
 
 
 def load() -> Any:
-    """The ``simgrid`` module; importing it prints a line on stderr, kept quiet."""
+    """The ``simgrid`` module; importing it prints a line on stderr, kept quiet.
+    Raises :class:`SimGridMissing` without it, :class:`SimGridVersionError` for a
+    release this transport cannot use."""
     if "simgrid" in sys.modules:
-        return sys.modules["simgrid"]
-    if not available():
+        simgrid = sys.modules["simgrid"]
+    elif not available():
         raise SimGridMissing()
-    with _quiet(2):
-        import simgrid
+    else:
+        with _quiet(2):
+            import simgrid
+    check_version(simgrid)
     return simgrid
 
 
