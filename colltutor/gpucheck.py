@@ -2,13 +2,17 @@
 
 One line per check, ``PASS name (detail)``, ``FAIL name: reason`` or ``SKIP name:
 why``, then ``gpucheck: N passed, N failed, N skipped``; the exit code is 1 if a check
-failed.  It takes a few minutes on one GPU.  What runs depends on the machine:
+failed.  Each check has a time limit, and all of them together stop within 10
+minutes on one GPU.  What runs depends on the machine:
 
 * one GPU or more: a world of one rank on NCCL.  Every collective and algorithm
   against NCCL; ``torch.distributed``'s calls and DDP on a ``"colltutor"`` group;
   ``wait()``, streams, futures and barriers as NCCL defines them; CPU tensors refused;
-* NCCL 2.30 or later: 2 and 4 ranks sharing GPU 0 (``NCCL_MULTI_RANK_GPU_ENABLE=1``);
-* two GPUs or more: point-to-point on every GPU, and the whole self-test.
+* NCCL 2.30 or later: the same, and point-to-point, on 2 and 4 ranks sharing GPU 0
+  (``NCCL_MULTI_RANK_GPU_ENABLE=1``), and a few notebooks if ``colltutor.run`` puts
+  their ranks there;
+* two GPUs or more: the whole self-test, and the other checks with a rank on every
+  GPU.
 
 Each check is a function of the device it runs on, so ``--cpu`` runs the same checks
 on the CPU over gloo (as the test suite does).
@@ -150,7 +154,8 @@ def check_barrier(device: torch.device) -> str:
             early.append(name)
     if early:
         raise AssertionError(f"{'; '.join(early)}: returned while the GPU was busy")
-    return f"{len(barriers)} kinds of barrier wait for the GPU"
+    waited = "waited for the GPU" if device.type == "cuda" else "returned (no GPU)"
+    return f"{len(barriers)} kinds of barrier {waited}"
 
 
 def check_cpu_tensor_refused(device: torch.device) -> str:
@@ -182,11 +187,14 @@ ONE_RANK: dict[str, Callable[[torch.device], str]] = {
 }
 """The checks a world of one rank runs (``name.1rank``)."""
 SEVERAL_RANKS: dict[str, Callable[[torch.device], str]] = {
-    "collectives": check_collectives, "point_to_point": check_point_to_point,
+    **ONE_RANK, "point_to_point": check_point_to_point,
     "point_to_point_group": check_point_to_point_group,
-    "colltutor_group": check_colltutor_group,
 }
-"""The checks run on several ranks (``name.2ranks``)."""
+"""The checks 2 and 4 ranks sharing a GPU run (``name.2ranks``)."""
+EVERY_GPU = [name for name in SEVERAL_RANKS
+             if name not in ("collectives", "colltutor_group")]
+"""The checks run with a rank on every GPU (``name.every_gpu``), besides the full
+self-test (which compares the collectives, the ``"colltutor"`` group and DDP)."""
 
 
 # -- what the checks share ---------------------------------------------------------
@@ -398,8 +406,8 @@ def plan(gpus: int, nccl: tuple[int, ...] | None, quick: bool, cpu: bool
            ("the self-test runs every notebook" if gpus > 1 else ""))
     steps.append(("notebooks.shared_gpu", _guarded(_sharing(notebooks), why)))
     several = "" if gpus >= 2 and not cpu else f"needs 2 GPUs, {gpus} visible"
-    steps += [(f"{name}.every_gpu", _step(check, gpus, "cuda", several))
-              for name, check in SEVERAL_RANKS.items() if name.startswith("point")]
+    steps += [(f"{name}.every_gpu", _step(SEVERAL_RANKS[name], gpus, "cuda", several))
+              for name in EVERY_GPU]
     steps.append(("selftest.every_gpu",
                   _guarded(lambda _: full_selftest(quick), several)))
     return steps
