@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "time collectives nccl-tests style (busbw, #wrong); --fit the model"),
     "selftest": ("colltutor.selftest",
                  "compare every collective and algorithm with the native backend"),
+    "gpucheck": ("colltutor.gpucheck",
+                 "check this machine's GPUs: one line per check (run it first)"),
     "simulate": ("colltutor.simulate",
                  "time a collective on a simulated cluster (SimGrid): busbw, messages"),
     "classroom": ("colltutor.classroom",
