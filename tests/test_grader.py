@@ -200,3 +200,58 @@ def test_unknown_names_are_refused() -> None:
         colltutor.check(isend_irecv_all_gather, "all_gather", expect="rng")
     with pytest.raises(ValueError, match="unknown collective"):
         colltutor.check(isend_irecv_all_gather, "allgather")
+
+
+# -- the instructor guide's graded exercise 5: binomial scatter + ring all-gather ----
+
+def _relative_span(comm: Comm, buf: torch.Tensor, lo: int, hi: int, root: int
+                   ) -> list[torch.Tensor]:
+    """Relative ranks lo..hi-1 as contiguous pieces of ``buf`` (two if they wrap)."""
+    p = comm.size
+    first, last = (lo + root) % p, (hi - 1 + root) % p + 1
+    if first < last:
+        return [comm.span(buf, first, last)]
+    return [comm.span(buf, first, p), comm.span(buf, 0, last)]
+
+
+def binomial_scatter(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    p = comm.size
+    v = (comm.rank - root) % p
+    mask = 1
+    while mask < p:  # 1. receive my subtree's blocks from my parent
+        if v & mask:
+            comm.exchange(recvs=[((v - mask + root) % p, piece) for piece in
+                                 _relative_span(comm, buf, v, min(v + mask, p), root)])
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:  # 2. hand each child its subtree's blocks, farthest first
+        if v + mask < p:
+            comm.exchange(sends=[((v + mask + root) % p, piece) for piece in
+                                 _relative_span(comm, buf, v + mask,
+                                                min(v + 2 * mask, p), root)])
+        mask >>= 1
+
+
+def van_de_geijn_broadcast(comm: Comm, buf: torch.Tensor, root: int) -> None:
+    from colltutor.solutions.allgather_reduce_scatter import ring_all_gather
+    binomial_scatter(comm, buf, root)
+    ring_all_gather(comm, buf)
+
+
+def test_graded_exercise_5_checks_what_it_asks_for() -> None:
+    # each half is checked against its own algorithm ...
+    report = colltutor.check(binomial_scatter, "scatter", expect="binomial_tree")
+    assert report.ok, report.message
+    # ... and the composition for its values on every world size, and for its
+    # messages where colltutor's scatter_allgather also ends with a ring
+    report = colltutor.check(van_de_geijn_broadcast, "broadcast")
+    assert report.ok, report.message
+    report = colltutor.check(van_de_geijn_broadcast, "broadcast",
+                             expect="scatter_allgather", world_sizes=(3, 5, 6, 7))
+    assert report.ok, report.message
+    # on a power of two scatter_allgather ends with recursive doubling instead
+    report = colltutor.check(van_de_geijn_broadcast, "broadcast",
+                             expect="scatter_allgather", world_sizes=(4,))
+    assert not report.ok
+    assert "values right, messages wrong" in report.message, report.message
