@@ -163,23 +163,25 @@ def inputs(n: int, heads: int = 2, dim: int = 4) -> tuple[torch.Tensor, ...]:
 
 
 def _ring(ax, p: int, fontsize: float) -> None:
-    """The ranks on a circle, each passing its K/V block to the right."""
+    """The ranks on a circle (rank 0 at the top, clockwise), each keeping its
+    queries and passing its K/V block to the right."""
     where = draw.positions(p)
     for r, (x, y) in enumerate(where):
-        ax.add_patch(draw._dot(x, y, 0.45, draw.colour([r], p)))
-        ax.text(x, y + 0.02, f"rank {r}\nQ{r}", ha="center", va="center",
+        ax.add_patch(draw._dot(x, y, 0.38, draw.colour([r], p)))
+        ax.text(x, y, f"Q{r}", ha="center", va="center",
                 fontsize=fontsize)
         nx, ny = where[(r + 1) % p]
-        ax.add_patch(FancyArrowPatch((x, y), (nx, ny), shrinkA=30, shrinkB=30,
+        ax.add_patch(FancyArrowPatch((x, y), (nx, ny), shrinkA=22, shrinkB=22,
                                      arrowstyle="-|>", mutation_scale=10,
                                      connectionstyle="arc3,rad=-0.25"))
-        mx, my = (x + nx) / 2 * 1.55, (y + ny) / 2 * 1.55
+        mx, my = (x + nx) / 2 * 1.75, (y + ny) / 2 * 1.75
         ax.text(mx, my, f"K{r}V{r}", ha="center", va="center", fontsize=fontsize)
-    ax.set_xlim(-1.75, 1.75)
-    ax.set_ylim(-1.75, 1.75)
+    ax.set_xlim(-1.9, 1.9)
+    ax.set_ylim(-1.9, 1.9)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title("K/V blocks round the ring", fontsize=fontsize + 1)
+    ax.set_title(f"ranks 0-{p - 1}, clockwise:\nK/V blocks round the ring",
+                 fontsize=fontsize + 1)
 
 
 def _matrix(ax, p: int, layout: str, counts: Sequence[int], fontsize: float) -> None:
