@@ -49,7 +49,7 @@ def one_f_one_b(p: int, m: int) -> list[list[Op]]:
     return order
 
 
-def _needs(s: int, op: Op, p: int) -> Op | tuple[int, Op] | None:
+def _needs(s: int, op: Op, p: int) -> tuple[int, Op] | None:
     """The pass of a neighbouring stage whose result ``op`` on stage ``s`` waits
     for: the previous stage's forward, or the next stage's backward."""
     kind, i = op
