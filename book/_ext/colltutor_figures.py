@@ -36,11 +36,16 @@ Options (all optional but ``collective``):
     panels per row.
 ``name``, ``alt``
     a label to refer to the figure by, and its text for screen readers.
+``function``
+    instead of ``collective``: a package function, such as
+    ``colltutor.pipeline.book_figure``, that runs what it draws itself and returns
+    a list of figures; it is called with ``fontsize``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import re
 from pathlib import Path
@@ -133,6 +138,9 @@ def draw_figures(options: dict[str, Any]) -> list[Any]:
     """The matplotlib figures a directive's options ask for."""
     from colltutor import draw
 
+    if "function" in options:
+        module, name = options["function"].rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)(fontsize=FONT)
     view = options.get("view", "steps")
     collectives = [c.strip() for c in options["collective"].split(",") if c.strip()]
     ranks = options.get("ranks", 4)
@@ -154,6 +162,7 @@ class Diagram(SphinxDirective):
     has_content = True
     option_spec = {
         "collective": directives.unchanged_required,
+        "function": directives.unchanged_required,
         "algorithm": directives.unchanged,
         "ranks": directives.positive_int,
         "count": directives.nonnegative_int,
@@ -168,20 +177,24 @@ class Diagram(SphinxDirective):
     }
 
     def run(self) -> list[nodes.Node]:
-        if "collective" not in self.options:
-            raise self.error("colltutor-diagram needs :collective:")
+        if "collective" not in self.options and "function" not in self.options:
+            raise self.error("colltutor-diagram needs :collective: or :function:")
         for source in SOURCES:
             self.env.note_dependency(str(source))
+        what = self.options.get("collective") or self.options["function"]
+        if "function" in self.options:
+            module = self.options["function"].rsplit(".", 1)[0]
+            self.env.note_dependency(str(ROOT / (module.replace(".", "/") + ".py")))
         key = hashlib.sha1(repr(sorted(self.options.items())).encode()).hexdigest()
         try:
             pictures = [svg(fig, f"{key}{i}")
                         for i, fig in enumerate(draw_figures(self.options))]
         except Exception as error:  # a build that cannot run ranks says why
             raise self.error(f"colltutor-diagram could not run "
-                             f"{self.options['collective']}: {error}") from error
+                             f"{what}: {error}") from error
         figure = nodes.figure(classes=["colltutor-diagram"])
         alt = self.options.get("alt") or (
-            f"{self.options['collective']} ({self.options.get('algorithm', 'default')})"
+            f"{what} ({self.options.get('algorithm', 'default')})"
             f" on {self.options.get('ranks', 4)} ranks, drawn from a traced run")
         body = "".join(f'<div class="colltutor-panel">{p}</div>' for p in pictures)
         body = body.replace('role="img" ', f'role="img" aria-label="{alt}" ')
