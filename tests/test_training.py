@@ -193,7 +193,10 @@ def _memory_cases(data, target, group) -> dict:
 
 @pytest.fixture(scope="module", params=[3, 4])
 def runs(request) -> tuple[int, list[dict]]:
-    return request.param, colltutor.run(_rank_body, request.param, timeout=120)
+    # gloo and the CPU on purpose: the cases compare with gloo's DDP and with
+    # one-process references on the CPU (the notebooks run the layers on NCCL)
+    return request.param, colltutor.run(_rank_body, request.param, backend="gloo",
+                                        timeout=120)
 
 
 def test_ddp_on_the_colltutor_backend_trains_as_on_gloo(runs):
