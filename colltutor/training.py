@@ -4,8 +4,13 @@ functions so that every message it sends can be traced and counted.
 
 * :class:`Zero3`: ZeRO stage 3 (Rajbhandari et al. 2020), all-gather and
   reduce-scatter of every layer's parameters;
+* :class:`ZeroOptimizer`, :func:`held_bytes`, :func:`zero_formula`: ZeRO stages 1
+  and 2, and the bytes each rank holds at every stage against the paper's formulas;
 * :class:`ParallelMLP`: Megatron-LM's tensor-parallel MLP (Shoeybi et al. 2019),
   one all-reduce forward and one backward;
+* :class:`ParallelTransformerLayer`: a whole transformer layer split the same way,
+  two all-reduces forward and two backward, or, sequence-parallel (Korthikanti et
+  al. 2022), two all-gathers and two reduce-scatters each way;
 * :class:`MoE`: a mixture-of-experts layer whose tokens travel to their expert and
   back by ``all_to_all_single`` with uneven splits;
 * :func:`overlap`: the picture of DDP's buckets (Li et al. 2020) all-reduced while
@@ -17,11 +22,12 @@ functions so that every message it sends can be traced and counted.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -128,6 +134,102 @@ def zero3(model: torch.nn.Sequential, group: dist.ProcessGroup | None = None,
         else layer for layer in model])
 
 
+class ZeroOptimizer:
+    """ZeRO stages 1 and 2 (Rajbhandari et al. 2020) around Adam, on a model that
+    every rank keeps whole: the optimizer state is sharded, and in stage 2 the
+    gradients too.
+
+    The parameters live in one flat buffer, padded to ``p`` equal shards; Adam sees
+    only this rank's shard (a view, so no copy).  A step reduce-scatters (averages)
+    the flat gradient, updates the shard, and all-gathers the parameters: the bytes
+    of one all-reduce, as DDP.  Stage 1 keeps the whole gradient buffer, stage 2
+    only its shard (real implementations reduce-scatter bucket by bucket during
+    backward, so that the whole gradient never exists at once).
+    """
+
+    def __init__(self, model: torch.nn.Module, stage: int, lr: float = 1e-3,
+                 group: dist.ProcessGroup | None = None,
+                 algorithm: str | None = "ring") -> None:
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.stage, self.group, self.algorithm = stage, group, algorithm
+        self.params = list(model.parameters())
+        flat = torch.cat([q.detach().reshape(-1) for q in self.params])
+        self.flat = F.pad(flat, (0, -flat.numel() % p))
+        for q, view in zip(self.params, self._views(self.flat)):
+            q.data = view
+        self.shard = torch.nn.Parameter(self.flat.chunk(p)[rank])  # a view
+        self.adam = torch.optim.Adam([self.shard], lr=lr)
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        sizes = [q.numel() for q in self.params]
+        return [v.view_as(q) for v, q in zip(flat[:sum(sizes)].split(sizes),
+                                             self.params)]
+
+    def step(self) -> None:
+        """Reduce-scatter the gradients, update my shard, all-gather the rest."""
+        p = dist.get_world_size(self.group)
+        grad = F.pad(torch.cat([q.grad.reshape(-1) for q in self.params]),
+                     (0, self.flat.numel() - sum(q.numel() for q in self.params)))
+        mine = grad.new_empty(grad.numel() // p)
+        colltutor.reduce_scatter_tensor(mine, grad, ReduceOp.AVG, self.group,
+                                        algorithm=self.algorithm)
+        if self.stage == 1:  # the whole gradient stays, my shard averaged in it
+            grad.chunk(p)[dist.get_rank(self.group)].copy_(mine)
+            for q, view in zip(self.params, self._views(grad)):
+                q.grad = view
+            mine = grad.chunk(p)[dist.get_rank(self.group)]
+        else:  # stage 2: only my shard of the gradient stays
+            for q in self.params:
+                q.grad = None
+        self.shard.grad = mine
+        self.adam.step()
+        colltutor.all_gather_into_tensor(self.flat, self.shard.detach(), self.group,
+                                         algorithm=self.algorithm)
+
+    def zero_grad(self) -> None:
+        for q in self.params + [self.shard]:
+            q.grad = None
+
+
+def held_bytes(params: Iterable[torch.Tensor],
+               optimizer: torch.optim.Optimizer | ZeroOptimizer | None = None
+               ) -> dict[str, int]:
+    """The bytes this rank holds in ``params``, in their gradients and in the
+    optimizer's state (Adam's two moments; its step counters left out): each
+    storage counted once, however many views of it there are, a DTensor by its
+    local shard."""
+    params = list(params)
+    if isinstance(optimizer, ZeroOptimizer):
+        params, optimizer = params + [optimizer.shard], optimizer.adam
+    state = [] if optimizer is None else [
+        t for s in optimizer.state.values() for k, t in s.items() if k != "step"]
+    return {"parameters": _storage_bytes(params),
+            "gradients": _storage_bytes(q.grad for q in params),
+            "optimizer state": _storage_bytes(state)}
+
+
+def _storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.to_local() if hasattr(t, "to_local") else t
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def zero_formula(n: int, p: int, stage: int, param_bytes: int = 4,
+                 grad_bytes: int = 4, k: int = 8) -> dict[str, float]:
+    """ZeRO's bytes per rank (Rajbhandari et al. 2020, sections 3.1 and 5 and
+    figure 1) for ``n`` parameters on ``p`` ranks, stage 0 being DDP: parameters,
+    gradients and optimizer state of ``k`` bytes per parameter (8 for fp32 Adam's
+    two moments; the paper's mixed precision: 2, 2 and 12)."""
+    return {"parameters": param_bytes * n / (p if stage >= 3 else 1),
+            "gradients": grad_bytes * n / (p if stage >= 2 else 1),
+            "optimizer state": k * n / (p if stage >= 1 else 1)}
+
+
 # -- Tensor parallelism: Megatron-LM's MLP ----------------------------------------
 
 
@@ -183,6 +285,172 @@ class ParallelMLP(torch.nn.Module):
         h = F.gelu(F.linear(x, self.w1, self.b1))                       # my columns
         y = _Reduce.apply(F.linear(h, self.w2), self.group, self.algorithm)  # g
         return y + self.b2
+
+
+# -- Tensor parallelism: a transformer layer, and its sequence-parallel variant ----
+
+
+class TransformerLayer(torch.nn.Module):
+    """A pre-LayerNorm transformer layer in one process, the reference: causal
+    self-attention with ``heads`` heads, then an MLP, each behind a residual.
+    Tokens are ``(sequence, batch, features)``, as in Megatron-LM."""
+
+    def __init__(self, d: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, hidden), torch.nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.proj(attention(self.qkv(self.ln1(x)), self.heads))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Causal attention of ``heads`` heads; ``qkv``: queries, keys, values of every
+    head side by side on the last axis, ``(s, b, 3 * heads * dh)``."""
+    s, b, _ = qkv.shape
+    q, k, v = (t.reshape(s, b, heads, -1).permute(1, 2, 0, 3)
+               for t in qkv.chunk(3, dim=-1))             # (b, heads, s, dh)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """Sequence parallelism's ``g``: all-gather the sequence forward;
+    reduce-scatter its gradient backward (Korthikanti et al. 2022)."""
+
+    @staticmethod
+    def forward(ctx, x, group, algorithm):
+        ctx.group, ctx.algorithm = group, algorithm
+        out = x.new_empty((x.shape[0] * dist.get_world_size(group),) + x.shape[1:])
+        colltutor.all_gather_into_tensor(out, x.contiguous(), group,
+                                         algorithm=algorithm)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ScatterSequence.apply(grad, ctx.group, ctx.algorithm), None, None
+
+
+class _ScatterSequence(torch.autograd.Function):
+    """Sequence parallelism's ``g-bar``: reduce-scatter (sum) along the sequence
+    forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, algorithm):
+        ctx.group, ctx.algorithm = group, algorithm
+        out = x.new_empty((x.shape[0] // dist.get_world_size(group),) + x.shape[1:])
+        colltutor.reduce_scatter_tensor(out, x.contiguous(), ReduceOp.SUM, group,
+                                        algorithm=algorithm)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _GatherSequence.apply(grad, ctx.group, ctx.algorithm), None, None
+
+
+class ParallelTransformerLayer(torch.nn.Module):
+    """:class:`TransformerLayer` split over the group as Megatron-LM splits it
+    (Shoeybi et al. 2019, section 3): each rank keeps ``heads / p`` heads (its
+    rows of the query, key and value weights: column-parallel) and the matching
+    columns of the output projection (row-parallel), and ``1/p`` of the MLP as
+    :class:`ParallelMLP` does.  Per layer: two all-reduces forward (``g``, after
+    attention and after the MLP) and two backward (``f``, before each).
+
+    With ``sequence_parallel`` (Korthikanti et al. 2022) the input and output are
+    this rank's ``1/p`` of the sequence, the LayerNorms and residuals run on that
+    shard, and each all-reduce becomes a reduce-scatter (forward) or an all-gather
+    (the shard's way back): two all-gathers and two reduce-scatters each way.
+    The LayerNorms' and the output biases' gradients are then this rank's part
+    of the sum over the sequence (Megatron all-reduces them once a step).
+    """
+
+    def __init__(self, layer: TransformerLayer, group: dist.ProcessGroup | None = None,
+                 algorithm: str | None = None, sequence_parallel: bool = False) -> None:
+        super().__init__()
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.group, self.algorithm, self.sp = group, algorithm, sequence_parallel
+        self.heads = layer.heads // p
+        self.ln1, self.ln2 = copy.deepcopy(layer.ln1), copy.deepcopy(layer.ln2)
+
+        def mine(t: torch.Tensor, dim: int, parts: int = 1) -> torch.nn.Parameter:
+            # my 1/p of each of ``parts`` blocks (q, k, v) along ``dim``
+            blocks = [b.chunk(p, dim)[rank] for b in t.detach().chunk(parts, dim)]
+            return torch.nn.Parameter(torch.cat(blocks, dim).clone())
+
+        self.w_qkv = mine(layer.qkv.weight, 0, 3)   # my heads' rows of q, k and v
+        self.b_qkv = mine(layer.qkv.bias, 0, 3)
+        self.w_proj = mine(layer.proj.weight, 1)
+        self.w1, self.b1 = mine(layer.fc1.weight, 0), mine(layer.fc1.bias, 0)
+        self.w2 = mine(layer.fc2.weight, 1)
+        self.b_proj = torch.nn.Parameter(layer.proj.bias.detach().clone())
+        self.b2 = torch.nn.Parameter(layer.fc2.bias.detach().clone())
+
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:  # f, or all-gather
+        if self.sp:
+            return _GatherSequence.apply(x, self.group, self.algorithm)
+        return _Copy.apply(x, self.group, self.algorithm)
+
+    def _leave(self, x: torch.Tensor) -> torch.Tensor:  # g, or reduce-scatter
+        if self.sp:
+            return _ScatterSequence.apply(x, self.group, self.algorithm)
+        return _Reduce.apply(x, self.group, self.algorithm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output: whole on every rank, or this rank's sequence shard
+        with ``sequence_parallel`` (``x`` alike)."""
+        h = self._enter(self.ln1(x))
+        a = attention(F.linear(h, self.w_qkv, self.b_qkv), self.heads)  # my heads
+        x = x + self._leave(F.linear(a, self.w_proj)) + self.b_proj
+        h = F.gelu(F.linear(self._enter(self.ln2(x)), self.w1, self.b1))  # my columns
+        return x + self._leave(F.linear(h, self.w2)) + self.b2
+
+
+def split_figure(p: int = 4) -> Figure:
+    """Who holds what in :class:`ParallelTransformerLayer` on ``p`` ranks: the
+    attention block (top) and the MLP (bottom), each weight's part on rank ``r``
+    in rank ``r``'s colour, and the boxes ``f`` and ``g`` where ranks talk."""
+    fig = draw.figure(figsize=(draw.WIDTH, 3.4), layout="constrained")
+    ax = fig.subplots()
+    rows = [("attention", [("LN", "local"), ("f", "bwd:\nall-reduce"),
+                           ("QKV", "columns"), ("attn", "heads"), ("proj", "rows"),
+                           ("g", "fwd:\nall-reduce"), ("+", "residual")]),
+            ("MLP", [("LN", "local"), ("f", "bwd:\nall-reduce"), ("fc1", "columns"),
+                     ("GeLU", "local"), ("fc2", "rows"), ("g", "fwd:\nall-reduce"),
+                     ("+", "residual")])]
+    for k, (title, boxes) in enumerate(rows):
+        y = 2.3 * (1 - k) + 0.75
+        ax.text(-0.2, y + 0.45, title, ha="right", va="center",
+                fontsize=draw.MIN_FONT + 1)
+        for i, (name, how) in enumerate(boxes):
+            x = 1.25 * i
+            split = how in ("columns", "rows", "heads")
+            for r in range(p if split else 1):
+                if not split:
+                    part, colour = ((x, y), 0.9, 0.9), "white" if name in "fg" else (
+                        "#dddddd")
+                elif how == "rows":
+                    part, colour = ((x, y + 0.9 * (p - 1 - r) / p), 0.9, 0.9 / p), (
+                        draw.PALETTE[r])
+                else:
+                    part, colour = ((x + 0.9 * r / p, y), 0.9 / p, 0.9), draw.PALETTE[r]
+                ax.add_patch(Rectangle(*part, facecolor=colour, edgecolor="black",
+                                       linewidth=1.4 if name in "fg" else 0.4))
+            ax.text(x + 0.45, y + 0.45, name if not split else "", ha="center",
+                    va="center", fontsize=draw.MIN_FONT + 2)
+            ax.text(x + 0.45, y - 0.08, how if not split else f"{name}\nby {how}",
+                    ha="center", va="top", fontsize=draw.MIN_FONT)
+    for r in range(p):
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor=draw.PALETTE[r],
+                               label=f"rank {r}"))
+    ax.legend(loc="upper center", ncol=p, fontsize=draw.MIN_FONT,
+              bbox_to_anchor=(0.5, 1.12), frameon=False)
+    ax.set_xlim(-1.6, 1.25 * 7 - 0.3)
+    ax.set_ylim(-0.1, 4.1)
+    ax.set_axis_off()
+    return fig
 
 
 # -- Expert parallelism: a mixture of experts ------------------------------------

@@ -119,12 +119,84 @@ def _rank_body() -> dict:
     out["moe_got"] = (got.detach(), x.grad, [q.grad for q in moe.expert.parameters()])
     out["moe_choice"] = torch.bincount(router(x).argmax(-1), minlength=p).tolist()
     out["moe_trace"] = t
+    out.update(_transformer_cases(rank, p))
+    out.update(_memory_cases(data[mine], target[mine], group))
+    return out
+
+
+def _transformer_cases(rank: int, p: int) -> dict:
+    """A transformer layer of ``p`` heads, tensor-parallel and sequence-parallel,
+    against the same layer in one process."""
+    out = {}
+    torch.manual_seed(4)
+    layer = training.TransformerLayer(4 * p, p, 8 * p)
+    x = torch.randn(2 * p, 2, 4 * p, requires_grad=True)  # (sequence, batch, d)
+    want = layer(x)
+    want.square().sum().backward()
+    grads = {name: q.grad for name, q in layer.named_parameters()}
+    out["layer_want"] = (want.detach(), x.grad, grads)
+    for key, sp in (("tp", False), ("sp", True)):
+        tp = training.ParallelTransformerLayer(layer, algorithm="ring",
+                                               sequence_parallel=sp)
+        mine = (x.detach().chunk(p)[rank] if sp else x.detach()).requires_grad_()
+        with trace.record() as step:
+            with trace.record() as forward:
+                y = tp(mine)
+            y.square().sum().backward()
+        grads = {name: q.grad for name, q in tp.named_parameters()}
+        out[key] = (y.detach(), mine.grad, grads, forward, step)
+    return out
+
+
+def _memory_cases(data, target, group) -> dict:
+    """Three Adam steps under DDP, ZeRO-1, 2, 3 and FSDP2 (both reshard options):
+    the last loss and the bytes held after the step (FSDP2: and the parameters held
+    between a forward and its backward)."""
+    def steps(net, opt):
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = F.mse_loss(net(data), target)
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+    out = {}
+    with colltutor.use(all_reduce="ring", all_gather="ring", reduce_scatter="ring"):
+        ddp = torch.nn.parallel.DistributedDataParallel(_mlp(), process_group=group)
+        opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+        out["mem DDP"] = steps(ddp, opt), training.held_bytes(ddp.parameters(), opt)
+        for stage in (1, 2):
+            net = _mlp()
+            opt = training.ZeroOptimizer(net, stage, lr=0.01, group=group)
+            out[f"mem ZeRO-{stage}"] = (steps(net, opt),
+                                        training.held_bytes(net.parameters(), opt))
+        net = training.zero3(_mlp(), group)
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        out["mem ZeRO-3"] = steps(net, opt), training.held_bytes(net.parameters(), opt)
+        mesh = DeviceMesh.from_group(group, "cpu")
+        for reshard in (True, False):
+            net = _mlp()
+            for layer in net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+            opt = torch.optim.Adam(net.parameters(), lr=0.01)
+            key = f"mem FSDP2 {reshard}"
+            out[key] = steps(net, opt), training.held_bytes(net.parameters(), opt)
+            shards = list(net.parameters())
+            loss = F.mse_loss(net(data), target)
+            out[key + " between"] = training.held_bytes(
+                shards + list(net.parameters()))["parameters"]
+            loss.backward()
     return out
 
 
 @pytest.fixture(scope="module", params=[3, 4])
 def runs(request) -> tuple[int, list[dict]]:
-    return request.param, colltutor.run(_rank_body, request.param, timeout=120)
+    # gloo and the CPU on purpose: the cases compare with gloo's DDP and with
+    # one-process references on the CPU (the notebooks run the layers on NCCL)
+    return request.param, colltutor.run(_rank_body, request.param, backend="gloo",
+                                        timeout=120)
 
 
 def test_ddp_on_the_colltutor_backend_trains_as_on_gloo(runs):
@@ -252,3 +324,100 @@ def test_moe_tokens_travel_with_uneven_splits(runs):
             tokens = 2 * (choice[src][dst] + choice[dst][src])  # forward, backward
             assert sum(m.nbytes for m in sent if m.dtype == "float32") == (
                 tokens * D * 4)
+
+
+def test_transformer_layer_equals_the_unsharded_layer(runs):
+    """Tensor-parallel: the whole output and input gradient on every rank; each
+    rank's slices of the weight gradients (its heads' rows of q, k and v)."""
+    p, ranks = runs
+    for rank, r in enumerate(ranks):
+        want, x_grad, grads = r["layer_want"]
+        y, got_x, got = r["tp"][:3]
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_x, x_grad, rtol=1e-5, atol=1e-5)
+        qkv = torch.cat([w.chunk(p)[rank] for w in grads["qkv.weight"].chunk(3)])
+        for name, w in (("w_qkv", qkv),
+                        ("w_proj", grads["proj.weight"].chunk(p, 1)[rank]),
+                        ("w1", grads["fc1.weight"].chunk(p)[rank]),
+                        ("w2", grads["fc2.weight"].chunk(p, 1)[rank]),
+                        ("ln1.weight", grads["ln1.weight"]), ("b2", grads["fc2.bias"])):
+            torch.testing.assert_close(got[name], w, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_layer_sends_two_all_reduces_forward_and_two_backward(runs):
+    p, ranks = runs
+    n = 2 * p * 2 * 4 * p  # the activations: (sequence, batch, d)
+    ring = cost.counts("all_reduce", "ring", p, n, 4)
+    for index, calls in ((3, 2), (4, 4)):  # forward alone, the whole step
+        t = trace.merge([r["tp"][index] for r in ranks])
+        assert {m.phase.split("/")[0] for m in t.messages} == {"all_reduce.ring"}
+        assert t.counts()["total_messages"] == calls * ring.total_messages
+        assert t.counts()["total_bytes"] == calls * 2 * (p - 1) * n * 4
+
+
+def test_sequence_parallel_layer_equals_the_unsharded_layer(runs):
+    """Each rank's sequence shard of the output and input gradient; the split
+    weights' gradients as in tensor parallelism; the LayerNorms' and output
+    biases' gradients summed over the ranks."""
+    p, ranks = runs
+    want, x_grad, grads = ranks[0]["layer_want"]
+    for rank, r in enumerate(ranks):
+        y, got_x, got = r["sp"][:3]
+        torch.testing.assert_close(y, want.chunk(p)[rank], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_x, x_grad.chunk(p)[rank], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["w1"], grads["fc1.weight"].chunk(p)[rank],
+                                   rtol=1e-5, atol=1e-5)
+    for name, full in (("ln1.weight", "ln1.weight"), ("ln2.bias", "ln2.bias"),
+                       ("b_proj", "proj.bias"), ("b2", "fc2.bias")):
+        parts = [r["sp"][2][name] for r in ranks]
+        assert not torch.allclose(parts[0], grads[full])  # a part, not the whole
+        torch.testing.assert_close(sum(parts), grads[full], rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_parallel_layer_sends_reduce_scatters_and_all_gathers(runs):
+    """Two all-gathers and two reduce-scatters forward, as many backward, (p-1) n s
+    bytes each in all: the bytes of the four all-reduces they replace."""
+    p, ranks = runs
+    n = 2 * p * 2 * 4 * p
+    for index, calls in ((3, 2), (4, 4)):
+        t = trace.merge([r["sp"][index] for r in ranks])
+        for phase, collective in (("all_gather.ring", "all_gather"),
+                                  ("reduce_scatter.ring", "reduce_scatter")):
+            one = cost.counts(collective, "ring", p, n, 4)
+            sent = [m for m in t.messages if m.phase == phase]
+            assert len(sent) == calls * one.total_messages
+            assert sum(m.nbytes for m in sent) == calls * (p - 1) * n * 4
+        assert t.counts()["total_bytes"] == 2 * calls * (p - 1) * n * 4
+    t = trace.merge([r["tp"][4] for r in ranks])
+    assert trace.merge([r["sp"][4] for r in ranks]).counts()["total_bytes"] == (
+        t.counts()["total_bytes"])
+
+
+def test_zero_stages_train_alike_and_hold_the_papers_bytes(runs):
+    """Bytes each rank holds after an Adam step, float32 (4 + 4 + 8 bytes a
+    parameter), against ZeRO's formulas with N counted after each one's padding:
+    ZeroOptimizer pads the flat parameters to a multiple of p, Zero3 each layer,
+    FSDP2 each parameter's rows (but not Adam's state: its shards are uneven)."""
+    p, ranks = runs
+    params = list(_mlp().parameters())
+    n = sum(q.numel() for q in params)
+    flat = -(-n // p) * p
+    layers = [-(-sum(q.numel() for q in m.parameters()) // p) * p
+              for m in _mlp() if isinstance(m, torch.nn.Linear)]
+    rows = sum(-(-q.shape[0] // p) * p * q[0].numel() for q in params)
+    cases = {"DDP": (0, n), "ZeRO-1": (1, flat), "ZeRO-2": (2, flat),
+             "ZeRO-3": (3, sum(layers)), "FSDP2 True": (3, rows),
+             "FSDP2 False": (3, rows)}
+    for r in ranks:
+        for name, (stage, count) in cases.items():
+            loss, held = r["mem " + name]
+            assert loss == pytest.approx(r["mem DDP"][0], rel=1e-5)
+            if name.startswith("FSDP2") and rows != n:
+                # uneven shards: Adam's state is as large as each local shard
+                held = {k: v for k, v in held.items() if k != "optimizer state"}
+            assert held.items() <= training.zero_formula(count, p, stage).items(), name
+    for name in ("FSDP2 True", "FSDP2 False"):
+        assert sum(r["mem " + name][1]["optimizer state"] for r in ranks) == 8 * n
+        assert r["mem FSDP2 True between"] == r["mem FSDP2 True"][1]["parameters"]
+        assert r["mem FSDP2 False between"] == (
+            r["mem FSDP2 False"][1]["parameters"] + 4 * rows)  # shards + all
