@@ -187,7 +187,9 @@ class ProcessGroup(dist.ProcessGroup):
         return self._on(tensors).recv_anysource(tensors, tag)
 
     def _on(self, tensors: list[torch.Tensor]) -> dist.Backend:
-        return backend_for(self.messages, tensors[0].device.type)
+        # the user's own dist.send/recv on this group: the registered backends,
+        # which native callers use from the user's thread, not colltutor's
+        return backend_for(self.backends, tensors[0].device.type)
 
     # -- work objects ----------------------------------------------------------------
 

@@ -167,7 +167,10 @@ def _choose_backend(backend: str, world_size: int) -> str:
     from colltutor.transports import nccl_rules
 
     # device_count() asks NVML and does not initialise CUDA in this process.
-    gpus = torch.cuda.device_count() >= world_size
+    count = torch.cuda.device_count()
+    # NCCL 2.30+ lets ranks share a GPU when asked to (src/init.cc)
+    shared = count >= 1 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    gpus = count >= world_size or shared
     return "nccl" if gpus or nccl_rules.requested() else "gloo"
 
 
@@ -177,7 +180,8 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
     Inside ``fn`` a process group is ready (gloo on CPU, NCCL with one GPU per rank
-    when ``backend="nccl"`` or when ``"auto"`` sees at least ``world_size`` GPUs; MPI
+    when ``backend="nccl"`` or when ``"auto"`` sees at least ``world_size`` GPUs, or
+    any GPU with ``NCCL_MULTI_RANK_GPU_ENABLE=1``, ranks then sharing them; MPI
     with ``backend="mpi"``, the ranks then started by ``mpiexec``), so
     ``torch.distributed`` and ``colltutor`` calls work as usual.  Rank output is
     printed after the run, prefixed ``[rank r]`` (live with ``stream=True``).

@@ -23,15 +23,18 @@ alike (:func:`install` patches them):
   (and so does what is computed from them); tensors made on the plain CPU, or
   brought back with ``.cpu()``, count as host memory, and a collective or a message
   refuses them as NCCL refuses a CPU tensor (:func:`check_device`);
-* ``"colltutor"`` groups follow the same rules as NCCL groups (:class:`
-  NcclRulesTransport` carries their messages).
+* ``"colltutor"`` groups follow the same rules as NCCL groups
+  (:class:`NcclRulesTransport` carries their messages);
+* two threads posting groups on one communicator at the same moment are refused
+  (NCCL's communicators are not thread-safe).
 
 What it does not model: speed, CUDA memory, NVLink or network topology, NCCL's
-kernels, protocols and channels, communicators made lazily and their
-host-blocking first connection, two threads posting on one communicator at once,
-and timeouts of NCCL's own watchdog (the runtime's timeout reports a hang
-instead).  Tensors that torch makes in C++ (DDP's buckets) count as wherever the
-program put them.  Chapter 10 says more.
+kernels, protocols and channels, communicators made lazily by their first use
+(which waits for every rank) and the host-blocking first connection between two
+ranks, and timeouts of NCCL's own watchdog (the runtime's timeout reports a hang
+instead).  Tensors that torch makes in C++ (DDP's buckets) count as on the GPU.
+
+Chapter 10 says more.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from colltutor.transports import Handle, Message
+from colltutor.transports import Message
 from colltutor.transports.torch_dist import TorchTransport
 
 ENV = "COLLTUTOR_EMULATE"
@@ -81,6 +84,7 @@ class _Stream:
     def __init__(self) -> None:
         self.groups: queue.SimpleQueue[_Group] = queue.SimpleQueue()
         self.last: _Group | None = None
+        self.posting = threading.Lock()  # held by the one thread posting a group
         threading.Thread(target=self._loop, daemon=True,
                          name="colltutor-nccl-stream").start()
 
@@ -346,33 +350,31 @@ def _post(group: dist.ProcessGroup, sends: list[Message], recvs: list[Message]
 def _queue(group: dist.ProcessGroup, run: Callable[[], None],
            landing: list[tuple[torch.Tensor, torch.Tensor]]) -> _Group:
     queued = _Group(run, landing)
-    with _lock:
-        _posted.append(queued)
-    return _stream(group).enqueue(queued)
+    stream = _stream(group)
+    if not stream.posting.acquire(blocking=False):  # NCCL: undefined behaviour
+        raise RuntimeError("two threads posted on one NCCL communicator at once; "
+                           "NCCL needs one thread at a time per communicator")
+    try:
+        with _lock:
+            _posted.append(queued)
+        return stream.enqueue(queued)
+    finally:
+        stream.posting.release()
 
 
 class NcclRulesTransport(TorchTransport):
-    """colltutor's messages on a gloo group, under NCCL's rules."""
+    """colltutor's messages on a gloo group, under NCCL's rules: the NCCL path of
+    :class:`TorchTransport` (each step one ``batch_isend_irecv``), whose calls
+    :func:`install` has put under the rules."""
 
     def __init__(self, group: dist.ProcessGroup, rank: int, names: list[int],
                  backend: str, tag: int = 0) -> None:
         super().__init__(group, rank, names, backend, tag)
         self.batched = True
-
-    def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
-        if not sends and not recvs:
-            return []
-        work = Work(_post(self.group, _real(sends), _real(recvs)))
-        return [work] * (len(sends) + len(recvs))
+        self.checks_devices = False  # tensors say cpu:r here; guards check them
 
     def recv_any(self, tensor: torch.Tensor) -> int:
         raise RuntimeError("NCCL cannot receive from an unspecified source")
-
-
-def _real(messages: list[Message]) -> list[Message]:
-    """Complex tensors travel as their real view, as ``torch.distributed`` does."""
-    return [(peer, torch.view_as_real(t) if t.is_complex() else t)
-            for peer, t in messages]
 
 
 # -- native torch.distributed under NCCL's rules ----------------------------------

@@ -26,12 +26,14 @@ class TorchTransport:
         self.group, self.rank, self.size = group, rank, len(names)
         self.names, self.backend, self.tag = names, backend, tag
         self.batched = backend == "nccl"
+        self.checks_devices = True  # refuse a tensor the backend cannot move
         # the rank's own GPU for NCCL, else the CPU
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.batched else _CPU)
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
-        _on_device(self.device, sends, recvs, self.backend)
+        if self.checks_devices:
+            _on_device(self.device, sends, recvs, self.backend)
         if self.batched:
             ops = [self._op(dist.irecv, t, peer) for peer, t in recvs]
             ops += [self._op(dist.isend, t, peer) for peer, t in sends]
@@ -53,7 +55,7 @@ class TorchTransport:
         return fn([tensor], peer, self.tag)
 
     def _op(self, fn: Callable, tensor: torch.Tensor, peer: int) -> dist.P2POp:
-        return dist.P2POp(fn, tensor, self.names[peer], self.group, self.tag)
+        return dist.P2POp(fn, _wire(tensor), self.names[peer], self.group, self.tag)
 
 
 class DeviceTransport:
