@@ -143,7 +143,7 @@ class _Coalescing:
     """How NCCL takes a group's messages, over gloo: between ``_start_coalescing``
     and ``_end_coalescing`` sends and receives are only recorded (returning None, as
     NCCL's do), then the end posts them all and returns one work for the step.  A
-    colltutor group whose ``backends["cpu"]`` is one of these moves CPU tensors the
+    colltutor group whose ``messages["cpu"]`` is one of these moves CPU tensors the
     way it moves CUDA tensors over NCCL."""
 
     supports_coalescing = True
@@ -190,7 +190,7 @@ def _coalesced(native: dist.ProcessGroup) -> dict:
     """Every ``dist.*`` call and DDP on a colltutor group whose messages go as NCCL
     takes them (:class:`_Coalescing`), and the groups one ring all-reduce posts."""
     group = dist.new_group(backend="colltutor")
-    fake = group.backends["cpu"] = _Coalescing(group.gloo)
+    fake = group.messages["cpu"] = _Coalescing(group.gloo)
     out = {"calls": {name: [t.tolist() for t in call(group)]
                      for name, call in selftest.backend_calls().items()},
            "ddp": [w.tolist() for w in _ddp(group)]}

@@ -270,3 +270,18 @@ def test_async_coalesced_calls_and_barriers_order_the_caller(emulated) -> None:
 def test_outside_the_emulation_tensors_carry_no_mark() -> None:
     assert nccl_rules.where(torch.ones(1)) is None
     guards.check_device(torch.ones(1), "gloo")  # a CPU tensor is fine on gloo
+
+
+def test_two_threads_posting_on_one_communicator_at_once_are_refused() -> None:
+    import threading
+
+    group = object()  # the emulation keys its streams by the group
+    stream = nccl_rules._stream(group)
+    seen: list = []
+    with stream.posting:  # another thread is in the middle of posting a group
+        post = threading.Thread(target=lambda: seen.append(
+            outcome(lambda: nccl_rules._queue(group, lambda: None, []))))
+        post.start()
+        post.join()
+    assert seen[0][0] == "RuntimeError" and "two threads" in seen[0][1]
+    assert nccl_rules._queue(group, lambda: None, []).done.wait(5)  # one at a time
