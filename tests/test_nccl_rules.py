@@ -158,6 +158,18 @@ def test_a_mismatched_message_is_reported_after_it_arrives() -> None:
         colltutor.run(mismatched, 2)
 
 
+def test_with_checks_off_a_mismatched_message_hangs_as_on_nccl() -> None:
+    def mismatched():
+        colltutor.set_checks(False)  # no header: NCCL's own behaviour shows
+        if dist.get_rank() == 0:
+            colltutor.send(torch.ones(5, device=gpu()), 1)
+        else:
+            colltutor.recv(torch.zeros(3, device=gpu()), 0)
+
+    with pytest.raises(colltutor.RankTimeoutError):  # gloo would abort rank 1
+        colltutor.run(mismatched, 2, timeout=5)
+
+
 def test_the_barrier_blocks_the_host() -> None:
     def late():
         colltutor.set_checks(False)  # the checks' own reads would hide a missing sync

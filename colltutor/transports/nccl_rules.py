@@ -26,7 +26,9 @@ alike (:func:`install` patches them):
 * ``"colltutor"`` groups follow the same rules as NCCL groups
   (:class:`NcclRulesTransport` carries their messages);
 * two threads posting groups on one communicator at the same moment are refused
-  (NCCL's communicators are not thread-safe).
+  (NCCL's communicators are not thread-safe);
+* a message received into a buffer of another size hangs, as on NCCL (gloo would
+  abort the process).
 
 What it does not model: speed, CUDA memory, NVLink or network topology, NCCL's
 kernels, protocols and channels, communicators made lazily by their first use
@@ -338,6 +340,16 @@ def _post(group: dist.ProcessGroup, sends: list[Message], recvs: list[Message]
     landing = [(t, torch.empty_like(t)) for _, t in recvs]
 
     def run() -> None:
+        # each message's size travels first, on a tag of its own: a receive whose
+        # size is not its send's never completes, as on NCCL (gloo would abort)
+        told = [torch.empty(1, dtype=torch.int64) for _ in recvs]
+        works = [group.recv([n], peer, _SIZES) for (peer, _), n in zip(recvs, told)]
+        works += [group.send([torch.tensor([t.nbytes])], peer, _SIZES)
+                  for peer, t in sends]
+        for work in works:
+            work.wait()
+        if any(int(n) != staging.nbytes for n, (_, staging) in zip(told, landing)):
+            threading.Event().wait()  # a mismatched message: the stream hangs
         works = [group.recv([staging], peer, 0)
                  for (peer, _), (_, staging) in zip(recvs, landing)]
         works += [group.send([t], peer, 0) for peer, t in sends]
@@ -345,6 +357,9 @@ def _post(group: dist.ProcessGroup, sends: list[Message], recvs: list[Message]
             work.wait()
 
     return _queue(group, run, landing)
+
+
+_SIZES = 1  # the tag of the sizes that go ahead of the messages
 
 
 def _queue(group: dist.ProcessGroup, run: Callable[[], None],
