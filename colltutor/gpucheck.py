@@ -49,7 +49,7 @@ SHARED = (2, 4)
 """World sizes run with every rank on GPU 0 (NCCL 2.30+)."""
 NOTEBOOKS = ("00_first_collective", "03_broadcast_reduce", "06_all_reduce",
              "13_tensor_parallel")
-"""The notebooks run on ranks that share a GPU: a sample of the course's."""
+"""A sample of the course's notebooks, run on ranks that share a GPU."""
 SLEEP = 2_000_000_000
 """GPU cycles of ``torch.cuda._sleep``: about a second, to keep the GPU busy."""
 N = 1 << 20
@@ -387,8 +387,8 @@ def full_selftest(quick: bool) -> str:
 
 
 Step = Callable[[float], str]
-"""One check as gpucheck runs it: given the seconds it may take, it returns its
-detail, or raises :class:`Skip` where the machine cannot run it."""
+"""One check, as gpucheck runs it.  Given the seconds it may take, it returns
+its detail, or raises :class:`Skip` where the machine cannot run it."""
 
 
 def plan(gpus: int, nccl: tuple[int, ...] | None, quick: bool, cpu: bool

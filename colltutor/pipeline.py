@@ -25,7 +25,7 @@ from colltutor import draw, p2p
 from colltutor.trace import RankTrace
 
 Op = tuple[str, int]
-"""One pass of one microbatch: ``("F", i)`` forward or ``("B", i)`` backward."""
+"""One pass of one microbatch, ``("F", i)`` forward or ``("B", i)`` backward."""
 
 
 def gpipe(p: int, m: int) -> list[list[Op]]:

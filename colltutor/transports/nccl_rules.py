@@ -202,6 +202,7 @@ _posted: list[_Group] = []  # groups whose data is not visible yet, for synchron
 
 _WHERE = "_colltutor_where"  # on a tensor: HOST, or the rank whose GPU holds it
 HOST = -1
+"""What :func:`where` says of a tensor in host memory."""
 
 
 def device() -> torch.device:
