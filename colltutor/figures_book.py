@@ -46,6 +46,8 @@ LARGE = (  # the runs on 8 ranks, one element per rank
     ("all_reduce", "rabenseifner"), ("all_gather", "recursive_doubling"),
     ("reduce_scatter", "recursive_halving"), ("all_gather", "bruck"),
     ("broadcast", "linear"), ("reduce", "linear"),
+    ("broadcast", "scatter_allgather"), ("reduce", "reduce_scatter_gather"),
+    ("scatter", "linear"), ("gather", "linear"),
 )
 
 
@@ -188,7 +190,7 @@ def tree(t: Trace, title: str, label=None, phases: tuple[str, ...] = ("",),
             _, children = _tree(t, root)
             parent = m.src if places[m.src][1] > places[m.dst][1] else m.dst
             child = m.dst if parent == m.src else m.src
-            f = 0.28 + 0.2 * children[parent].index(child)
+            f = 0.28 + 0.2 * (children[parent].index(child) % 3)
             # measured from the sender: the arrowhead stays clear
             mx, my = x0_ + f * (x1 - x0_), y0 + f * (y1 - y0)
             _tag(ax, mx, my, text, fontsize, colour=colour)
@@ -238,6 +240,36 @@ def gather_tree(fontsize: float = 12.0) -> list[Figure]:
     return [tree(t, "binomial-tree gather to rank 0, 8 ranks",
                  label=lambda m: _blocks(*m.dst_chunk[1:]) if m.dst_chunk else "",
                  fontsize=fontsize)]
+
+
+def linear_broadcast(fontsize: float = 12.0) -> list[Figure]:
+    t = run("broadcast", "linear", 8)
+    return [tree(t, "linear broadcast from rank 0, 8 ranks: the root sends 7 times",
+                 fontsize=fontsize)]
+
+
+def linear_reduce(fontsize: float = 12.0) -> list[Figure]:
+    t = run("reduce", "linear", 8)
+    return [tree(t, "linear reduce to rank 0, 8 ranks: the root receives 7 times",
+                 fontsize=fontsize)]
+
+
+def linear_scatter(fontsize: float = 12.0) -> list[Figure]:
+    t = run("scatter", "linear", 8)
+    return [tree(t, "linear scatter from rank 0, 8 ranks",
+                 label=lambda m: _blocks(*m.src_chunk[1:]), fontsize=fontsize)]
+
+
+def scatter_allgather(fontsize: float = 12.0) -> list[Figure]:
+    t = run("broadcast", "scatter_allgather", 8)
+    return [butterfly(t, "broadcast as scatter + all-gather, 8 ranks",
+                      fontsize=fontsize)]
+
+
+def reduce_scatter_gather(fontsize: float = 12.0) -> list[Figure]:
+    t = run("reduce", "reduce_scatter_gather", 8)
+    return [butterfly(t, "reduce as reduce-scatter + gather, 8 ranks",
+                      fontsize=fontsize)]
 
 
 def reduce_broadcast(fontsize: float = 12.0) -> list[Figure]:
@@ -310,7 +342,8 @@ def naive_ring(fontsize: float = 12.0) -> list[Figure]:
 
 # -- ranks as columns, steps as rows ------------------------------------------------
 
-def butterfly(t: Trace, title: str, fontsize: float = 12.0) -> Figure:
+def butterfly(t: Trace, title: str, fontsize: float = 12.0, label=None
+              ) -> Figure:
     """Ranks as columns, one row per step: an arrow from a rank's column to its
     partner's for every message, and on the right how much of the buffer each
     message carries.  An exchange is two crossing arrows."""
@@ -323,9 +356,11 @@ def butterfly(t: Trace, title: str, fontsize: float = 12.0) -> Figure:
              for p in phases]
     left = max(draw.text_width(x, fontsize - 1) for x in names) / 72 + 0.3
     right = draw.text_width("4/8 of buffer", fontsize) / 72 + 0.2
-    dx = min(0.62, (draw.WIDTH - left - right) / size)
+    dx = min(0.9, (draw.WIDTH - left - right) / size)
     dy, pad = 0.62, 0.26
-    width = left + size * dx + right
+    width = max(left + size * dx + right,
+                draw.text_width(title, fontsize + 1) / 72 + 0.3)
+    left = (width - size * dx - right + left) / 2  # centred under the title
     height = n * dy + 2 * pad + 0.5 + 2.6 * em
     fig = draw.figure(figsize=(width, height))
     ax = fig.add_axes((0, 0, 1, 1))
@@ -351,6 +386,9 @@ def butterfly(t: Trace, title: str, fontsize: float = 12.0) -> Figure:
             _arrow(ax, (xs[m.src], y0), (xs[m.dst], y1), draw._line(m.src),
                    shrink=3, width=1.5)
             sizes.add(m.numel)
+            if label:
+                _tag(ax, (xs[m.src] + xs[m.dst]) / 2, (y0 + y1) / 2, label(m),
+                     fontsize - 1, colour=draw._line(m.src))
         ax.text(width - right + 0.1, (y0 + y1) / 2,
                 " or ".join(f"{s}/{count}" for s in sorted(sizes)) + " of buffer",
                 ha="left", va="center", fontsize=fontsize - 1)
@@ -387,6 +425,35 @@ def bruck(fontsize: float = 12.0) -> list[Figure]:
     t = run("all_gather", "bruck", 8)
     return [butterfly(t, "Bruck all-gather, 8 ranks: send to rank - 1, - 2, - 4",
                       fontsize=fontsize)]
+
+
+def _pipeline_rank(count: int, segments: int) -> Trace:
+    """One rank of a pipelined-ring broadcast from rank 0 in ``segments`` pieces."""
+    import torch
+    import torch.distributed as dist
+
+    from colltutor import p2p
+    from colltutor.collectives import broadcast
+
+    rank = dist.get_rank()
+    buf = torch.full((count,), trace.EMPTY, dtype=torch.int64)
+    if rank == 0:
+        buf[:] = torch.tensor([trace.encode(0, i) for i in range(count)])
+    with trace.record() as t:
+        broadcast.pipelined_ring(p2p.Comm(), t.watch(buf), 0, segments=segments)
+    return t
+
+
+def pipelined_broadcast(fontsize: float = 12.0) -> list[Figure]:
+    """Chapter 3: the pipelined-ring broadcast on 4 ranks in 4 segments."""
+    from colltutor import runtime
+
+    t = trace.merge(runtime.run(_pipeline_rank, 4, 4, 4, backend="gloo",
+                                timeout=120), collective="broadcast",
+                    algorithm="pipelined_ring", root=0)
+    return [butterfly(t, "pipelined-ring broadcast, 4 ranks, 4 segments",
+                      fontsize=fontsize,
+                      label=lambda m: f"s{m.src_chunk[1]}")]
 
 
 # -- what a collective computes ----------------------------------------------
