@@ -421,6 +421,13 @@ def recursive_halving(fontsize: float = 12.0) -> list[Figure]:
                       fontsize=fontsize)]
 
 
+def pairwise(fontsize: float = 12.0) -> list[Figure]:
+    t = run("reduce_scatter", "pairwise", 4)
+    return [butterfly(t, "pairwise-exchange reduce-scatter, 4 ranks",
+                      fontsize=fontsize,
+                      label=lambda m: f"b{m.src_chunk[1]}" if m.src_chunk else "")]
+
+
 def bruck(fontsize: float = 12.0) -> list[Figure]:
     t = run("all_gather", "bruck", 8)
     return [butterfly(t, "Bruck all-gather, 8 ranks: send to rank - 1, - 2, - 4",
@@ -469,6 +476,15 @@ def training_collectives(fontsize: float = 12.0) -> list[Figure]:
             t = _only_own_block(t)
         figures.append(draw.steps(t, fontsize=fontsize, ends=True, legend=False))
     return figures
+
+
+def gather_and_scatter_ends(fontsize: float = 12.0) -> list[Figure]:
+    """Chapter 5: all-gather and reduce-scatter, before and after, the
+    reduce-scatter's result only (block r of rank r)."""
+    return [draw.steps(run("all_gather", None, 4), fontsize=fontsize, ends=True,
+                       legend=False),
+            draw.steps(_only_own_block(run("reduce_scatter", None, 4)),
+                       fontsize=fontsize, ends=True, legend=False)]
 
 
 def _only_own_block(t: Trace) -> Trace:
