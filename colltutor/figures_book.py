@@ -516,7 +516,7 @@ def groups(fontsize: float = 12.0) -> list[Figure]:
     ax.text(0.25, 4.4, "the world (default group): ranks 0-3", fontsize=fontsize,
             va="top", fontweight="bold")
     where = {r: (2.2 + 3.2 * (r % 2), 2.85 - 1.8 * (r // 2)) for r in range(4)}
-    for i, row in enumerate(rows):
+    for row in rows:
         y = where[row[0]][1]
         ax.add_patch(FancyBboxPatch((1.0, y - 0.88), 5.6, 1.3,
                                     boxstyle="round,pad=0.05", facecolor="none",
@@ -524,7 +524,7 @@ def groups(fontsize: float = 12.0) -> list[Figure]:
                                     linestyle="--"))
         ax.text(6.8, y - 0.2, f"row {row}: all-reduce\nactivations (tensor parallel)",
                 fontsize=fontsize - 1, va="center", color=draw.OKABE_ITO[5])
-    for j, col in enumerate(cols):
+    for col in cols:
         x = where[col[0]][0]
         ax.add_patch(FancyBboxPatch((x - 1.0, 0.2), 2.0, 3.3,
                                     boxstyle="round,pad=0.05", facecolor="none",
