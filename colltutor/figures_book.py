@@ -540,3 +540,35 @@ def groups(fontsize: float = 12.0) -> list[Figure]:
         ax.text(x, y - 0.55, f"row rank {row.index(r)}\ncolumn rank {col.index(r)}",
                 ha="center", va="center", fontsize=fontsize - 2)
     return [fig]
+
+
+def launch(fontsize: float = 12.0) -> list[Figure]:
+    """Chapter 1: torchrun on two machines of 4 GPUs: every process gets RANK and
+    LOCAL_RANK, and every one first meets the others at the store that rank 0 opens
+    at MASTER_ADDR:MASTER_PORT."""
+    fig = draw.figure(figsize=(draw.WIDTH, 3.0))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 4.3)
+    ax.axis("off")
+    store = (5.0, 3.75)
+    ax.add_patch(FancyBboxPatch((3.3, 3.45), 3.4, 0.6, boxstyle="round,pad=0.05",
+                                facecolor="#fff3d6", edgecolor="black", linewidth=1.2))
+    ax.text(*store, "store on rank 0: MASTER_ADDR:MASTER_PORT", ha="center",
+            va="center", fontsize=fontsize - 1)
+    for node in range(2):
+        x0 = 0.2 + node * 5.0
+        ax.add_patch(FancyBboxPatch((x0, 0.55), 4.6, 1.95, boxstyle="round,pad=0.05",
+                                    facecolor="#f2f2f2", edgecolor="#777777",
+                                    linewidth=1.0, linestyle="--"))
+        ax.text(x0 + 2.3, 0.22, f"machine {node}: torchrun --nproc-per-node 4",
+                fontsize=fontsize - 1, va="center", ha="center")
+        for i in range(4):
+            r = 4 * node + i
+            x = x0 + 0.62 + i * 1.12
+            _rank(ax, x, 1.75, r, fontsize + 1, 0.36)
+            ax.text(x, 1.02, f"RANK={r}\nLOCAL={i}", ha="center", va="center",
+                    fontsize=fontsize - 2)
+            _arrow(ax, (x, 2.11), (store[0] + (x - 5.0) * 0.3, 3.45), "#999999",
+                   shrink=2, width=1.0)
+    return [fig]
