@@ -474,17 +474,19 @@ def training_collectives(fontsize: float = 12.0) -> list[Figure]:
         t = run(name, None, 4)
         if name == "reduce_scatter":
             t = _only_own_block(t)
-        figures.append(draw.steps(t, fontsize=fontsize, ends=True, legend=False))
+        # at 10 points two panels share a row of the text column
+        figures.append(draw.steps(t, fontsize=draw.MIN_FONT, ends=True,
+                                  legend=False))
     return figures
 
 
 def gather_and_scatter_ends(fontsize: float = 12.0) -> list[Figure]:
     """Chapter 5: all-gather and reduce-scatter, before and after, the
     reduce-scatter's result only (block r of rank r)."""
-    return [draw.steps(run("all_gather", None, 4), fontsize=fontsize, ends=True,
-                       legend=False),
+    return [draw.steps(run("all_gather", None, 4), fontsize=draw.MIN_FONT,
+                       ends=True, legend=False),
             draw.steps(_only_own_block(run("reduce_scatter", None, 4)),
-                       fontsize=fontsize, ends=True, legend=False)]
+                       fontsize=draw.MIN_FONT, ends=True, legend=False)]
 
 
 def _only_own_block(t: Trace) -> Trace:
