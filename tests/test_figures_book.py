@@ -26,6 +26,15 @@ def test_short_docstring_keeps_the_summary_and_the_code():
     assert body and all(line in short.splitlines() for line in body)
 
 
+def test_short_docstring_drops_the_registry_decorator():
+    code = ('@algorithm("all_reduce",\n           cost=lambda p, n: (p, n, n))\n'
+            'def ring(comm, buf, op):\n    """Summary.\n\n    Steps: 2(p-1).\n    """\n'
+            '    reduce_scatter.ring(comm, buf, op)\n')
+    assert colltutor_code.shorten(code) == (
+        'def ring(comm, buf, op):\n    """Summary."""\n'
+        '    reduce_scatter.ring(comm, buf, op)\n')
+
+
 def test_short_docstring_leaves_one_line_docstrings_alone():
     code = 'def f():\n    """One line."""\n    return 1\n'
     assert colltutor_code.shorten(code) == code

@@ -8,7 +8,8 @@ A chapter shows the algorithm, not the whole reference text: ::
     ```
 
 keeps the docstring's first paragraph (its summary, a line or two) and drops the
-rest (steps, costs, references), which stays in the package and on the API page.
+rest (steps, costs, references) and the decorators that declare the algorithm to
+the registry, all of which stay in the package and on the API page.
 It is ``literalinclude`` with one more option; everything else is Sphinx's own.
 """
 
@@ -24,9 +25,17 @@ QUOTES = ('"""', 'r"""', "'''")
 
 
 def shorten(code: str) -> str:
-    """``code`` with its first docstring cut to the paragraph before its first
-    blank line; code without a multi-line docstring comes back unchanged."""
+    """``code`` without its decorators (the registry's declaration of costs and
+    message counts) and with its first docstring cut to the paragraph before its
+    first blank line."""
     lines = code.split("\n")
+    if lines and lines[0].lstrip().startswith("@"):
+        indent = len(lines[0]) - len(lines[0].lstrip())
+        first = next((i for i, line in enumerate(lines)
+                      if line[indent:].startswith(("def ", "async def ", "class "))),
+                     0)
+        lines = lines[first:]
+        code = "\n".join(lines)
     start = next((i for i, line in enumerate(lines)
                   if line.lstrip().startswith(QUOTES)), None)
     if start is None:
