@@ -1,0 +1,348 @@
+"""Pictures for Chapters 7 to 13 that no trace draws: trees, machines, layers.
+
+Each function returns a list of matplotlib figures and takes ``fontsize`` (points,
+never below :data:`colltutor.draw.MIN_FONT`); the book calls them at build time with
+the ``colltutor-diagram`` directive's ``:function:`` option.  Where colltutor has
+the structure itself (the double binary tree, the rail-optimised cluster), the
+picture is drawn from that code, not from a copy of it.
+
+* :func:`double_tree` -- NCCL's two binary trees over 8 ranks (Chapter 11).
+* :func:`gpu_nodes` -- two nodes: GPUs on NVLink, one NIC each (Chapter 10).
+* :func:`rails` -- a rail-optimised cluster: GPU ``i`` of every node on rail ``i``
+  (Chapter 12).
+* :func:`moe_routing` -- tokens dispatched to their experts and back (Chapters 7, 13).
+* :func:`megatron_mlp` -- the Megatron-LM split of an MLP over 2 ranks (Chapter 13).
+* :func:`parallelisms` -- which collective each kind of parallelism uses (Chapter 13).
+* :func:`course_map` -- the chapters, by part, in reading order (instructor guide).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+from colltutor import draw
+
+MIN = draw.MIN_FONT
+
+
+def _box(ax, x: float, y: float, w: float, h: float, text: str, face: str,
+         fontsize: float, edge: str = "black", bold: bool = False) -> None:
+    """A rounded box centred on ``(x, y)`` with ``text`` in it."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h,
+                                boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=face, edgecolor=edge, linewidth=0.8))
+    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize,
+            color=draw.ink(_rgb(face)), fontweight="bold" if bold else "normal")
+
+
+def _rgb(face: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+    return to_rgb(face)
+
+
+def _arrow(ax, a: tuple[float, float], b: tuple[float, float], colour: str = "black",
+           width: float = 1.3, rad: float = 0.0, style: str = "-|>") -> None:
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=11,
+                                 color=colour, linewidth=width,
+                                 connectionstyle=f"arc3,rad={rad}"))
+
+
+def _canvas(width: float, height: float, xlim: tuple[float, float],
+            ylim: tuple[float, float]):
+    fig = draw.figure(figsize=(width, height), layout="constrained")
+    ax = fig.subplots()
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return fig, ax
+
+
+# -- Chapter 11 ----------------------------------------------------------------------
+
+def double_tree(p: int = 8, fontsize: float = MIN) -> list[Figure]:
+    """Both trees of :mod:`colltutor.collectives.double_tree` over ``p`` ranks, side
+    by side, each drawn as a tree (root on top); a rank's interior nodes are filled,
+    its leaves white, so that each rank is filled in at most one of the two."""
+    from colltutor.collectives.double_tree import height, nodes
+
+    trees = [[nodes(r, p)[t] for r in range(p)] for t in (0, 1)]
+    fig = draw.figure(figsize=(draw.WIDTH, 2.3 + 0.55 * height(p)),
+                      layout="constrained")
+    axes = fig.subplots(1, 2)
+    for t, (ax, tree) in enumerate(zip(axes, trees)):
+        root = next(r for r in range(p) if not tree[r].up)
+        x: dict[int, float] = {}
+
+        def place(r: int, tree=tree, x=x) -> None:  # in-order: left, node, right
+            down = tree[r].down
+            if down:
+                place(down[0])
+            x[r] = float(len(x))
+            for c in down[1:]:
+                place(c)
+
+        place(root)
+        for r in range(p):
+            for c in tree[r].down:
+                ax.plot([x[r], x[c]], [-tree[r].depth, -tree[c].depth],
+                        color="#555555", linewidth=1.3, zorder=1)
+        for r in range(p):
+            face = draw.PALETTE[r % len(draw.PALETTE)] if tree[r].down else "white"
+            ax.add_patch(draw._dot(x[r], -tree[r].depth, 0.36, face))
+            ax.text(x[r], -tree[r].depth, str(r), ha="center", va="center",
+                    fontsize=fontsize + 1, fontweight="bold", zorder=4,
+                    color=draw.ink(_rgb(face)))
+        ax.set_xlim(-0.6, p - 0.4)
+        ax.set_ylim(-height(p) - 0.6, 0.6)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        kind = "" if t == 0 else (" (tree 1 mirrored)" if p % 2 == 0
+                                  else " (tree 1 shifted)")
+        ax.set_title(f"tree {t + 1}{kind}: root {root}", fontsize=fontsize + 1)
+    fig.suptitle(f"The double binary tree on {p} ranks: filled = interior, "
+                 "white = leaf", fontsize=fontsize + 1)
+    return [fig]
+
+
+# -- Chapters 10 and 12: machines ------------------------------------------------------
+
+def gpu_nodes(fontsize: float = MIN) -> list[Figure]:
+    """Two nodes of :func:`colltutor.topologies.h100_cluster`: eight GPUs on an
+    NVSwitch each, one NIC per GPU into the network; link rates from that model."""
+    from colltutor.topologies import GB, RailCluster
+
+    cluster = RailCluster("drawing", 2)
+    gpus = cluster.gpus
+    fig, ax = _canvas(draw.WIDTH, 4.1, (-0.3, 2 * gpus + 1.3), (-1.9, 5.4))
+    for n in range(2):
+        x0 = n * (gpus + 1)
+        ax.add_patch(Rectangle((x0 - 0.1, 1.1), gpus + 0.2, 4.1, facecolor="#F4F4F4",
+                               edgecolor="#888888", linewidth=0.8))
+        ax.text(x0 + gpus / 2, 4.85, f"node {n}", ha="center", fontsize=fontsize + 1)
+        _box(ax, x0 + gpus / 2, 4.1, gpus - 0.4, 0.6, "NVSwitch", "#CCCCCC", fontsize)
+        for g in range(gpus):
+            x = x0 + g + 0.5
+            rank = n * gpus + g
+            ax.plot([x, x], [3.8, 2.8], color=draw.OKABE_ITO[1], linewidth=2.2)
+            _box(ax, x, 2.45, 0.8, 0.65, str(rank), draw.PALETTE[g], fontsize,
+                 bold=True)
+            ax.plot([x, x], [2.1, 1.45], color="#333333", linewidth=1.0)
+            _box(ax, x, 1.35, 0.5, 0.2, "", "#333333", fontsize)
+            ax.plot([x, x], [1.25, 0.1], color="#333333", linewidth=1.0)
+    _box(ax, gpus + 0.5, -0.2, 2 * gpus + 0.6, 0.55, "network (InfiniBand switches)",
+         "#DDDDDD", fontsize)
+    ax.text(gpus + 0.5, -0.95, f"blue: NVLink, {cluster.nvlink / GB:.0f} GB/s per "
+            f"GPU; black: one NIC per GPU, {cluster.nic / GB:.0f} GB/s",
+            ha="center", fontsize=fontsize)
+    ax.text(gpus + 0.5, -1.6, "(H100 numbers, each direction; GPU labels are "
+            "global ranks)", ha="center", fontsize=fontsize)
+    return [fig]
+
+
+def rails(nodes: int = 4, gpus: int = 4, fontsize: float = MIN) -> list[Figure]:
+    """A small :class:`colltutor.topologies.RailCluster`: GPU ``i`` of every node
+    cabled to the leaf switch of rail ``i``, the leaves joined by a spine.  The
+    route drawn in red is the one :meth:`~colltutor.topologies.RailCluster.route`
+    returns for a message between different GPUs of two nodes (PXN)."""
+    from colltutor.topologies import RailCluster
+
+    cluster = RailCluster("drawing", nodes, gpus, nodes_per_leaf=nodes)
+    fig, ax = _canvas(draw.WIDTH, 4.0, (-0.5, nodes * (gpus + 1) - 0.5),
+                      (-0.9, 6.4))
+    src, dst = 1, (nodes - 1) * gpus + 2
+    hops = [name for name, _ in cluster.route(src, dst)]
+    width = nodes * (gpus + 1) - 1
+    rail_x = [width / 2 + (i - (gpus - 1) / 2) * 3.6 for i in range(gpus)]
+    for i, x in enumerate(rail_x):
+        _box(ax, x, 4.2, 3.0, 0.6, f"rail {i} leaf", draw.PALETTE[i], fontsize)
+        ax.plot([x, width / 2], [4.5, 5.5], color="#888888", linewidth=0.8)
+    _box(ax, width / 2, 5.75, 3.0, 0.55, "spine", "#CCCCCC", fontsize)
+    for n in range(nodes):
+        x0 = n * (gpus + 1)
+        ax.add_patch(Rectangle((x0 - 0.45, -0.2), gpus - 0.1, 1.65,
+                               facecolor="#F4F4F4", edgecolor="#888888"))
+        ax.text(x0 + (gpus - 1) / 2, -0.6, f"node {n}", ha="center",
+                fontsize=fontsize)
+        ax.plot([x0 - 0.2, x0 + gpus - 0.8], [0.15, 0.15], color=draw.OKABE_ITO[4],
+                linewidth=2.5)
+        for g in range(gpus):
+            rank = n * gpus + g
+            x = x0 + g
+            used = f"nic{rank}" in hops
+            ax.plot([x, rail_x[g]], [1.2, 3.9], linewidth=2.2 if used else 0.9,
+                    color="#D55E00" if used else draw._line(g), zorder=1)
+            _box(ax, x, 0.85, 0.8, 0.6, str(rank), draw.PALETTE[g], fontsize,
+                 edge="#D55E00" if f"nvl{rank}" in hops or used else "black")
+    ax.text(width / 2, 6.3, f"red: rank {src} to rank {dst}: NVLink to its node's "
+            f"GPU {dst % gpus}, then rail {dst % gpus}", ha="center",
+            fontsize=fontsize)
+    return [fig]
+
+
+# -- Chapters 7 and 13: mixture of experts -------------------------------------------
+
+def moe_routing(p: int = 4, tokens: int = 4, fontsize: float = MIN) -> list[Figure]:
+    """A mixture-of-experts layer's two all-to-alls on ``p`` ranks, expert ``e`` on
+    rank ``e``: each rank's tokens coloured by the expert their router chose, after
+    the dispatch (every expert's tokens on its rank, uneven counts) and after the
+    combine (every token home, in its place)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    choice = torch.randint(0, p, (p, tokens), generator=gen).tolist()
+    names = "abcdefgh"
+    home = [[(r, i) for i in range(tokens)] for r in range(p)]
+    arrived = [[(r, i) for r in range(p) for i in range(tokens) if choice[r][i] == e]
+               for e in range(p)]
+    cols = max(len(a) for a in arrived)
+    starts = (1.6, 1.6 + tokens + 1.4, 1.6 + tokens + cols + 2.8)
+    width = starts[2] + tokens
+    fig, ax = _canvas(draw.WIDTH, 0.42 * p + 1.5, (0, width), (-0.3, p + 1.6))
+    titles = ("before", "after dispatch", "after combine")
+    for k, (x0, rows) in enumerate(zip(starts, (home, arrived, home))):
+        ax.text(x0 - 0.1, p + 0.35, titles[k], fontsize=fontsize, va="center")
+        for r, row in enumerate(rows):
+            y = p - 1 - r
+            if k == 0:
+                ax.text(x0 - 0.2, y + 0.4, f"rank {r}", ha="right", va="center",
+                        fontsize=fontsize)
+            for j, (src, i) in enumerate(row):
+                face = draw.PALETTE[choice[src][i]]
+                ax.add_patch(Rectangle((x0 + j, y), 0.92, 0.8, facecolor=face,
+                                       edgecolor="black",
+                                       linewidth=1.8 if k == 2 else 0.6))
+                ax.text(x0 + j + 0.46, y + 0.4, f"{src}{names[i]}", ha="center",
+                        va="center", fontsize=fontsize, color=draw.ink(_rgb(face)))
+    for k in (0, 1):
+        a, b = starts[k] + (tokens if k == 0 else cols), starts[k + 1]
+        _arrow(ax, (a + 0.1, p / 2), (b - 0.15, p / 2), width=1.8)
+        ax.text((a + b) / 2, p / 2 + 0.45, "all-to-all", ha="center",
+                fontsize=fontsize, rotation=90, va="bottom")
+    ax.text(width / 2, p + 1.2, "token 2b starts on rank 2; its colour is the rank of "
+            "its expert", ha="center", fontsize=fontsize)
+    return [fig]
+
+
+# -- Chapter 13 -----------------------------------------------------------------------
+
+def megatron_mlp(fontsize: float = MIN) -> list[Figure]:
+    """Megatron-LM's MLP on 2 ranks: ``A`` split by columns, ``B`` by rows, so that
+    each rank computes ``GeLU(X A_r) B_r`` alone and one all-reduce sums the two
+    partial outputs (forward); the backward pass all-reduces ``dX`` instead."""
+    fig, ax = _canvas(draw.WIDTH, 3.2, (-0.2, 16.4), (-0.8, 6.4))
+    colours = draw.OKABE_ITO[4], draw.OKABE_ITO[5]
+    for r in range(2):
+        y = 4.1 - 3.3 * r
+        c = colours[r]
+        ax.text(-0.1, y + 1.45, f"rank {r}", fontsize=fontsize + 1, fontweight="bold")
+        _box(ax, 0.9, y + 0.5, 1.4, 1.0, "X\n(all)", "#DDDDDD", fontsize)
+        ax.text(2.0, y + 0.5, "×", ha="center", va="center", fontsize=fontsize + 4)
+        # A: h x 4h, this rank's column half coloured
+        for half in range(2):
+            ax.add_patch(Rectangle((2.5 + 1.2 * half, y), 1.2, 1.0,
+                                   facecolor=c if half == r else "white",
+                                   edgecolor="black", linewidth=0.7))
+        ax.text(3.1 + 1.2 * r, y + 0.5, f"A{r + 1}", ha="center", va="center",
+                fontsize=fontsize, color="white", fontweight="bold")
+        ax.text(3.7, y - 0.3, "A: columns split", ha="center", fontsize=fontsize)
+        _arrow(ax, (5.1, y + 0.5), (6.0, y + 0.5))
+        _box(ax, 7.0, y + 0.5, 1.8, 0.8, "GeLU", "#EEEEEE", fontsize)
+        ax.text(8.3, y + 0.5, "×", ha="center", va="center", fontsize=fontsize + 4)
+        for half in range(2):
+            ax.add_patch(Rectangle((8.8, y + 1.2 - 0.7 * (half + 1)), 1.0, 0.7,
+                                   facecolor=c if half == r else "white",
+                                   edgecolor="black", linewidth=0.7))
+        ax.text(9.3, y + 1.2 - 0.7 * r - 0.35, f"B{r + 1}", ha="center",
+                va="center", fontsize=fontsize, color="white", fontweight="bold")
+        ax.text(9.3, y - 0.55, "B: rows split", ha="center", fontsize=fontsize)
+        _arrow(ax, (10.0, y + 0.5), (10.8, y + 0.5))
+        _box(ax, 11.6, y + 0.5, 1.4, 0.9, f"Y{r + 1}\npartial", c, fontsize)
+        _arrow(ax, (12.3, y + 0.5), (13.3, 2.9 if r == 0 else 2.0), colour=c)
+    _box(ax, 14.8, 2.45, 2.9, 1.7, "all-reduce\nY = Y1 + Y2\non both", "#222222",
+         fontsize)
+    return [fig]
+
+
+ROWS = (
+    ("data parallel (DDP)", "the batch", "all-reduce gradients", "backward"),
+    ("ZeRO-3 / FSDP", "batch, parameters,\ngradients, optimizer state",
+     "all-gather parameters,\nreduce-scatter gradients", "forward and backward"),
+    ("tensor parallel", "each layer's matrices", "all-reduce activations",
+     "every layer"),
+    ("sequence parallel", "positions (with TP)", "all-gather + reduce-scatter",
+     "every layer"),
+    ("expert parallel", "the experts", "all-to-all tokens (twice)", "every MoE layer"),
+    ("pipeline parallel", "the layers", "send/recv activations", "between stages"),
+    ("context parallel", "the sequence", "ring send/recv of K, V",
+     "every attention"),
+)
+"""What Chapter 13's kinds of parallelism split, and the collective each needs."""
+
+
+def parallelisms(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 13 in one picture: each kind of parallelism, what it splits across
+    ranks and the communication it costs (:data:`ROWS`)."""
+    n = len(ROWS)
+    size = max(MIN, fontsize - 1)
+    fig, ax = _canvas(draw.WIDTH, 0.5 * n + 0.6, (0, 16), (-0.2, 1.2 * n + 1.0))
+    heads = ("parallelism", "each rank holds part of", "communication")
+    xs = (0.25, 4.3, 10.1)
+    for x, h in zip(xs, heads):
+        ax.text(x, 1.2 * n + 0.45, h, fontsize=size, fontweight="bold", va="center")
+    for k, row in enumerate(ROWS):
+        y = 1.2 * (n - 1 - k) + 0.5
+        ax.add_patch(Rectangle((0, y - 0.6), 16, 1.2,
+                               facecolor="#F0F0F0" if k % 2 else "white",
+                               edgecolor="none"))
+        ax.add_patch(Rectangle((0, y - 0.6), 0.12, 1.2,
+                               facecolor=draw._line(k), edgecolor="none"))
+        for x, text in zip(xs, row[:3]):
+            ax.text(x, y, text, fontsize=size, va="center",
+                    fontweight="bold" if x < 1 else "normal")
+    return [fig]
+
+
+# -- instructor guide ----------------------------------------------------------------
+
+def course_map(fontsize: float = MIN) -> list[Figure]:
+    """The book's chapters by part, in reading order, titles read from the pages
+    themselves and parts from ``_toc.yml``."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    parts: list[tuple[str, list[str]]] = []
+    for line in (root / "_toc.yml").read_text().splitlines():
+        if m := re.match(r"\s*- caption: (.+)", line):
+            parts.append((m.group(1).strip(), []))
+        elif (m := re.match(r"\s{6}- file: book/(\d\d_\w+)", line)) and parts:
+            title = (root / "book" / f"{m.group(1)}.md").read_text().splitlines()[0]
+            parts[-1][1].append(title.lstrip("# ").strip())
+    parts = [(name, chapters) for name, chapters in parts if chapters]
+    lines: list[tuple[int, str, int | None]] = []  # (column, text, part or None)
+    half = (sum(len(c) + 1 for _, c in parts) + 1) // 2
+    column = 0
+    for k, (name, chapters) in enumerate(parts):
+        if column == 0 and sum(1 for c, _, _ in lines if c == 0) >= half - 2:
+            column = 1
+        lines.append((column, name, None))
+        lines += [(column, title, k) for title in chapters]
+    rows = max(sum(1 for c, _, _ in lines if c == col) for col in (0, 1))
+    fig, ax = _canvas(draw.WIDTH, 0.36 * rows + 0.2, (0, 14), (-0.1, 0.7 * rows))
+    seen = {0: 0, 1: 0}
+    for col, text, part in lines:
+        y = 0.7 * (rows - 1 - seen[col]) + 0.35
+        seen[col] += 1
+        x = 0.2 + 7.0 * col
+        if part is None:
+            ax.text(x, y, text, fontsize=fontsize + 1, fontweight="bold",
+                    va="center")
+            continue
+        face = draw._tint(draw.OKABE_ITO[part % 8], 0.6)
+        _box(ax, x + 3.3, y, 6.4, 0.58, "", face, fontsize)
+        short = text if len(text) <= 34 else text[:32].rstrip() + "…"
+        ax.text(x + 0.25, y, short, fontsize=fontsize, va="center")
+    return [fig]
