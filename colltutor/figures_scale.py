@@ -14,6 +14,7 @@ picture is drawn from that code, not from a copy of it.
 * :func:`megatron_mlp` -- the Megatron-LM split of an MLP over 2 ranks (Chapter 13).
 * :func:`parallelisms` -- which collective each kind of parallelism uses (Chapter 13).
 * :func:`course_map` -- the chapters, by part, in reading order (instructor guide).
+* :func:`two_sockets` -- a two-socket machine with 4 GPUs and 2 NICs (Chapter 10).
 """
 
 from __future__ import annotations
@@ -345,4 +346,35 @@ def course_map(fontsize: float = MIN) -> list[Figure]:
         _box(ax, x + 3.3, y, 6.4, 0.58, "", face, fontsize)
         short = text if len(text) <= 34 else text[:32].rstrip() + "…"
         ax.text(x + 0.25, y, short, fontsize=fontsize, va="center")
+    return [fig]
+
+
+def two_sockets(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 10's example machine, as its ``nvidia-smi topo -m`` matrix reads: two
+    CPU sockets, GPUs 0-1 and 2-3 paired by NVLink (``NV4``), each pair and one NIC
+    under one PCIe switch (``PIX``), the sockets joined by their interconnect
+    (``SYS``); in red, a ring 0-1-2-3 crossing the sockets twice."""
+    fig, ax = _canvas(draw.WIDTH, 3.3, (-0.4, 14.4), (-0.5, 6.0))
+    for side in range(2):
+        x0 = 7.4 * side
+        _box(ax, x0 + 3.0, 5.2, 3.4, 0.7, f"CPU {side} (cores {16 * side}-"
+             f"{16 * side + 15})", "#DDDDDD", fontsize)
+        _box(ax, x0 + 3.0, 3.5, 2.6, 0.6, "PCIe switch", "#EEEEEE", fontsize)
+        ax.plot([x0 + 3.0, x0 + 3.0], [3.8, 4.85], color="#333333", linewidth=1.2)
+        for k, x in enumerate((x0 + 1.0, x0 + 3.0)):
+            gpu = 2 * side + k
+            ax.plot([x, x0 + 3.0], [1.9, 3.2], color="#333333", linewidth=1.0)
+            _box(ax, x, 1.5, 1.5, 0.75, f"GPU {gpu}", draw.PALETTE[gpu], fontsize,
+                 bold=True)
+        ax.plot([x0 + 5.0, x0 + 3.0], [1.9, 3.2], color="#333333", linewidth=1.0)
+        _box(ax, x0 + 5.0, 1.5, 1.3, 0.75, f"NIC{side}", "#BBBBBB", fontsize)
+        ax.plot([x0 + 1.75, x0 + 2.25], [1.5, 1.5], color=draw.OKABE_ITO[4],
+                linewidth=5)
+        ax.text(x0 + 2.0, 0.75, "NV4", ha="center", fontsize=fontsize,
+                color=draw.OKABE_ITO[4])
+    _arrow(ax, (4.8, 5.2), (8.6, 5.2), style="<|-|>")
+    ax.text(6.7, 5.55, "SYS: socket to socket", ha="center", fontsize=fontsize)
+    _arrow(ax, (3.0, 1.0), (8.4, 1.0), colour="#D55E00", rad=0.25, width=1.8)
+    ax.text(7.0, -0.25, "red: the ring's 1 → 2 step crosses both sockets", ha="center",
+            fontsize=fontsize, color="#D55E00")
     return [fig]
