@@ -6,7 +6,8 @@ the ``colltutor-diagram`` directive's ``:function:`` option.  Where colltutor ha
 the structure itself (the double binary tree, the rail-optimised cluster), the
 picture is drawn from that code, not from a copy of it.
 
-* :func:`double_tree` -- NCCL's two binary trees over 8 ranks (Chapter 11).
+* :func:`double_tree`, :func:`double_tree_odd` -- NCCL's two binary trees over 8
+  and 7 ranks (Chapter 11).
 * :func:`gpu_nodes` -- two nodes: GPUs on NVLink, one NIC each (Chapter 10).
 * :func:`rails` -- a rail-optimised cluster: GPU ``i`` of every node on rail ``i``
   (Chapter 12).
@@ -107,6 +108,11 @@ def double_tree(p: int = 8, fontsize: float = MIN) -> list[Figure]:
     fig.suptitle(f"The double binary tree on {p} ranks: filled = interior, "
                  "white = leaf", fontsize=fontsize + 1)
     return [fig]
+
+
+def double_tree_odd(fontsize: float = MIN) -> list[Figure]:
+    """:func:`double_tree` on 7 ranks, where tree 2 is tree 1 shifted by one."""
+    return double_tree(7, fontsize)
 
 
 # -- Chapters 10 and 12: machines ------------------------------------------------------
