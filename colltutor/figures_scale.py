@@ -16,6 +16,7 @@ picture is drawn from that code, not from a copy of it.
 * :func:`parallelisms` -- which collective each kind of parallelism uses (Chapter 13).
 * :func:`course_map` -- the chapters, by part, in reading order (instructor guide).
 * :func:`two_sockets` -- a two-socket machine with 4 GPUs and 2 NICs (Chapter 10).
+* :func:`scale_latency`, :func:`scale_bandwidth` -- the stored sweeps of Chapter 12.
 """
 
 from __future__ import annotations
@@ -384,3 +385,66 @@ def two_sockets(fontsize: float = MIN) -> list[Figure]:
     ax.text(7.0, -0.25, "red: the ring's 1 → 2 step crosses both sockets", ha="center",
             fontsize=fontsize, color="#D55E00")
     return [fig]
+
+
+# -- Chapter 12: the stored sweeps --------------------------------------------------
+
+STYLES = {("all_reduce", "ring"): ("ring all-reduce", 0, "o-"),
+          ("all_reduce", "double_binary_tree"): ("double binary tree", 1, "s-"),
+          ("all_reduce", "hierarchical"): ("hierarchical all-reduce", 2, "^-"),
+          ("all_gather", "ring"): ("ring all-gather", 4, "o--"),
+          ("all_gather", "pat"): ("PAT all-gather", 5, "D--"),
+          ("all_gather", "hierarchical"): ("hierarchical all-gather", 6, "^--")}
+"""Line label, colour (index into the palette) and style of each swept algorithm."""
+
+
+def _sweep(nbytes: int) -> dict[tuple[str, str], list[tuple[int, dict]]]:
+    """The stored ``--scale ranks`` (and ``large``) runs of ``nbytes``, by algorithm."""
+    import json
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
+                       / "simulate_scale.json").read_text())
+    lines: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+    for run in data["ranks"] + data.get("ranks_1024_large", []):
+        if run["bytes"] == nbytes and "skipped" not in run:
+            lines.setdefault((run["collective"], run["algorithm"]), []).append(
+                (run["p"], run))
+    return {k: sorted(v, key=lambda pr: pr[0]) for k, v in lines.items()}
+
+
+def _scale_plot(nbytes: int, value, ylabel: str, title: str, log_y: bool,
+                fontsize: float) -> Figure:
+    fig = draw.figure(figsize=(draw.WIDTH, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for key, points in _sweep(nbytes).items():
+        name, colour, style = STYLES[key]
+        ax.plot([p for p, _ in points], [value(r) for _, r in points], style,
+                color=draw._line(colour), label=name, linewidth=1.6, markersize=5)
+    ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xticks([8, 32, 128, 1024], ["8", "32", "128", "1,024"])
+    ax.tick_params(labelsize=fontsize)
+    ax.set_xlabel("simulated H100 GPUs (8 per node)", fontsize=fontsize)
+    ax.set_ylabel(ylabel, fontsize=fontsize)
+    ax.set_title(title, fontsize=fontsize + 1)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=fontsize, loc="center left", bbox_to_anchor=(1.01, 0.5),
+              frameon=False)
+    return fig
+
+
+def scale_latency(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 12's latency table as a picture: the simulated time of a 64 KiB
+    collective against the number of GPUs (``book/data/simulate_scale.json``)."""
+    return [_scale_plot(1 << 16, lambda r: r["seconds"] * 1e6, "time (µs, log)",
+                        "64 KiB: the ring grows with p, trees and PAT with lg p",
+                        True, fontsize)]
+
+
+def scale_bandwidth(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 12's bandwidth table as a picture: the simulated busbw of a 64 MiB
+    collective against the number of GPUs (``book/data/simulate_scale.json``)."""
+    return [_scale_plot(1 << 26, lambda r: r["busbw"], "busbw (GB/s, log)",
+                        "64 MiB: only the hierarchical algorithms use every NIC",
+                        True, fontsize)]
