@@ -17,6 +17,9 @@ picture is drawn from that code, not from a copy of it.
 * :func:`course_map` -- the chapters, by part, in reading order (instructor guide).
 * :func:`two_sockets` -- a two-socket machine with 4 GPUs and 2 NICs (Chapter 10).
 * :func:`scale_latency`, :func:`scale_bandwidth` -- the stored sweeps of Chapter 12.
+* :func:`busbw` -- why algbw falls with p and busbw does not (Chapter 9).
+* :func:`zero_memory` -- memory per rank by ZeRO stage, from the paper's formula
+  (Chapter 13).
 """
 
 from __future__ import annotations
@@ -421,8 +424,12 @@ def _scale_plot(nbytes: int, value, ylabel: str, title: str, log_y: bool,
         ax.plot([p for p, _ in points], [value(r) for _, r in points], style,
                 color=draw._line(colour), label=name, linewidth=1.6, markersize=5)
     ax.set_xscale("log", base=2)
-    if log_y:
+    if log_y:  # plain numbers: mathtext's small superscripts would be under 10 pt
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks([8, 32, 128, 1024], ["8", "32", "128", "1,024"])
     ax.tick_params(labelsize=fontsize)
     ax.set_xlabel("simulated H100 GPUs (8 per node)", fontsize=fontsize)
@@ -448,3 +455,64 @@ def scale_bandwidth(fontsize: float = MIN) -> list[Figure]:
     return [_scale_plot(1 << 26, lambda r: r["busbw"], "busbw (GB/s, log)",
                         "64 MiB: only the hierarchical algorithms use every NIC",
                         True, fontsize)]
+
+
+# -- Chapter 9 ------------------------------------------------------------------------
+
+def busbw(fontsize: float = MIN) -> list[Figure]:
+    """algbw and busbw of an ideal all-reduce (one that sends the lower bound's
+    ``2(p-1)/p`` bytes per byte of data, its links always busy at 1 unit of
+    bandwidth) against ``p``: algbw falls towards half the link rate, busbw
+    (:data:`colltutor.bench.FACTORS`) stays at the link rate."""
+    from colltutor.bench import FACTORS
+
+    ps = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    factor = FACTORS["all_reduce"]
+    fig = draw.figure(figsize=(draw.WIDTH, 3.2), layout="constrained")
+    ax = fig.subplots()
+    algbw = [1 / factor(p) for p in ps]
+    ax.plot(ps, algbw, "o-", color=draw._line(0), label="algbw = S / t")
+    ax.plot(ps, [a * factor(p) for a, p in zip(algbw, ps)], "s-",
+            color=draw._line(4), label="busbw = algbw × 2(p-1)/p")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([2, 4, 8, 16, 32, 64], ["2", "4", "8", "16", "32", "64"])
+    ax.set_ylim(0, 1.15)
+    ax.set_xlabel("ranks p", fontsize=fontsize)
+    ax.set_ylabel("× link bandwidth", fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=fontsize, loc="lower left", frameon=False)
+    ax.set_title("An ideal all-reduce, its links always busy", fontsize=fontsize + 1)
+    return [fig]
+
+
+# -- Chapter 13: ZeRO ---------------------------------------------------------------
+
+def zero_memory(psi: float = 7.5e9, k: int = 12, nd: int = 64,
+                fontsize: float = MIN) -> list[Figure]:
+    """Memory per rank by ZeRO stage, ``(2 + 2 + K) Psi`` bytes sharded one term more
+    per stage over ``nd`` ranks (Rajbhandari et al. 2020, section 5 and figure 1)."""
+    stages = {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, nd), "ZeRO-2": (1, nd, nd),
+              "ZeRO-3": (nd, nd, nd)}
+    parts = (("parameters (2 B)", 2, 4), ("gradients (2 B)", 2, 1),
+             ("optimizer state (K = 12 B)", k, 0))
+    fig = draw.figure(figsize=(draw.WIDTH, 2.9), layout="constrained")
+    ax = fig.subplots()
+    names = list(stages)
+    for row, name in enumerate(names):
+        left = 0.0
+        for (label, size, colour), share in zip(parts, stages[name]):
+            gb = size * psi / share / 1e9
+            ax.barh(row, gb, left=left, color=draw.PALETTE[colour],
+                    edgecolor="black", linewidth=0.5,
+                    label=label if row == 0 else None)
+            left += gb
+        ax.text(left + 1.5, row, f"{left:.1f} GB", va="center", fontsize=fontsize)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 140)
+    ax.set_xlabel(f"GB per rank, {psi / 1e9:.1f}B parameters, {nd} ranks",
+                  fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    ax.legend(fontsize=fontsize, loc="lower right", frameon=False)
+    return [fig]
