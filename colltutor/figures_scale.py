@@ -20,6 +20,9 @@ picture is drawn from that code, not from a copy of it.
 * :func:`busbw` -- why algbw falls with p and busbw does not (Chapter 9).
 * :func:`zero_memory` -- memory per rank by ZeRO stage, from the paper's formula
   (Chapter 13).
+* :func:`barrier_times`, :func:`pingpong`, :func:`hang`, :func:`torchrun_hosts`,
+  :func:`ddp_overlap`, :func:`notebook_times` -- small schematics (Chapters 8, 9,
+  10, 13, the instructor guide).
 """
 
 from __future__ import annotations
@@ -515,4 +518,153 @@ def zero_memory(psi: float = 7.5e9, k: int = 12, nd: int = 64,
                   fontsize=fontsize)
     ax.tick_params(labelsize=fontsize)
     ax.legend(fontsize=fontsize, loc="lower right", frameon=False)
+    return [fig]
+
+
+# -- small schematics: Chapters 8, 9, 10, 13 and the instructor guide -----------------
+
+def _lanes(rows: list[str], width: float, height: float, xlabel: str,
+           fontsize: float):
+    """A figure of horizontal lanes, one per row label, time to the right."""
+    fig = draw.figure(figsize=(draw.WIDTH, height), layout="constrained")
+    ax = fig.subplots()
+    ax.set_ylim(len(rows) - 0.4, -0.6)
+    ax.set_xlim(0, width)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(xlabel, fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return fig, ax
+
+
+def barrier_times(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 8's table as a picture: rank r works 0.2 r s, then waits in the
+    barrier until the last rank has entered; all leave together."""
+    fig, ax = _lanes([f"rank {r}" for r in range(4)], 0.9, 2.4, "seconds",
+                     fontsize)
+    for r in range(4):
+        ax.barh(r, 0.2 * r, color=draw.PALETTE[r], edgecolor="black",
+                linewidth=0.5, label="work" if r == 3 else None)
+        ax.barh(r, 0.6 - 0.2 * r, left=0.2 * r, color="#DDDDDD", edgecolor="black",
+                linewidth=0.5, hatch="//", label="in the barrier" if r == 0 else None)
+    ax.axvline(0.6, color="black", linewidth=1.5)
+    ax.text(0.62, -0.45, "everyone leaves", fontsize=fontsize, va="center")
+    ax.legend(fontsize=fontsize, loc="lower right", frameon=False)
+    return [fig]
+
+
+def pingpong(alpha: float = 20e-6, beta: float = 1 / 5e9,
+             fontsize: float = MIN) -> list[Figure]:
+    """Half a ping-pong's round trip, ``alpha + n beta``, against ``n`` (log
+    scales, textbook parameters): flat where ``alpha`` dominates, rising where
+    ``n beta`` does; the two meet at ``n = alpha / beta``."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    sizes = [2.0 ** k for k in range(2, 27)]
+    fig = draw.figure(figsize=(draw.WIDTH, 3.0), layout="constrained")
+    ax = fig.subplots()
+    ax.loglog(sizes, [(alpha + n * beta) * 1e6 for n in sizes], "-",
+              color=draw._line(4), linewidth=2, label="α + nβ")
+    ax.loglog(sizes, [alpha * 1e6] * len(sizes), ":", color="#555555",
+              label="α alone")
+    ax.loglog(sizes, [n * beta * 1e6 for n in sizes], "--", color=draw._line(5),
+              label="nβ alone")
+    ax.axvline(alpha / beta, color="#999999", linewidth=0.8)
+    ax.set_ylim(1, 2e4)
+    ax.set_xticks([4, 1 << 10, 1 << 20, 1 << 26], ["4 B", "1 KiB", "1 MiB", "64 MiB"])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel(f"message size n (α = {alpha * 1e6:.0f} µs, 1/β = "
+                  f"{1 / beta / 1e9:.0f} GB/s)", fontsize=fontsize)
+    ax.set_ylabel("µs", fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    ax.legend(fontsize=fontsize, loc="upper left", frameon=False)
+    return [fig]
+
+
+def hang(fontsize: float = MIN) -> list[Figure]:
+    """A collective in a branch: ranks 0-2 call an all-reduce that rank 3 skips;
+    they wait in it until the group's timeout, while rank 3 runs on."""
+    fig, ax = _lanes([f"rank {r}" for r in range(4)], 10.0, 2.5,
+                     "time (the timeout ends the wait)", fontsize)
+    for r in range(4):
+        ax.barh(r, 2, color=draw.PALETTE[r], edgecolor="black", linewidth=0.5)
+        if r < 3:
+            ax.barh(r, 7, left=2, color="#DDDDDD", edgecolor="black", linewidth=0.5,
+                    hatch="//")
+            ax.text(5.5, r, "waiting in all_reduce", ha="center", va="center",
+                    fontsize=fontsize)
+        else:
+            ax.barh(r, 3, left=2, color=draw.PALETTE[r], edgecolor="black",
+                    linewidth=0.5)
+            ax.text(5.2, r, "skipped it: runs on, then waits elsewhere",
+                    va="center", fontsize=fontsize)
+    ax.axvline(9, color="#D55E00", linewidth=1.5)
+    ax.set_xticks([])
+    return [fig]
+
+
+def torchrun_hosts(fontsize: float = MIN) -> list[Figure]:
+    """``torchrun --nnodes=2 --nproc-per-node=4``: global rank r runs on machine
+    ``r // 4`` as local rank ``r % 4``; both machines meet at the store."""
+    fig, ax = _canvas(draw.WIDTH, 2.6, (-0.3, 12.3), (-0.4, 4.2))
+    for host in range(2):
+        x0 = 6.3 * host
+        ax.add_patch(Rectangle((x0, 0), 5.7, 2.6, facecolor="#F4F4F4",
+                               edgecolor="#888888"))
+        ax.text(x0 + 2.85, 2.25, f"host{host}: --node-rank={host}", ha="center",
+                fontsize=fontsize)
+        for local in range(4):
+            rank = 4 * host + local
+            _box(ax, x0 + 0.75 + 1.4 * local, 1.1, 1.2, 1.2,
+                 f"rank {rank}\nlocal {local}", draw.PALETTE[rank], fontsize)
+    _box(ax, 6.0, 3.7, 5.4, 0.6, "store: --master-addr=10.0.0.1:29500", "#DDDDDD",
+         fontsize)
+    for x in (2.85, 9.15):
+        ax.plot([x, 6.0], [2.6, 3.4], color="#555555", linewidth=1)
+    return [fig]
+
+
+def ddp_overlap(fontsize: float = MIN) -> list[Figure]:
+    """DDP's overlap, schematically: backward runs layer 4 down to layer 1; each
+    bucket's all-reduce starts as soon as its last gradient is ready, beside the
+    backward of the earlier layers."""
+    fig, ax = _lanes(["compute", "communication"], 10.6, 2.0, "time", fontsize)
+    for k, layer in enumerate((4, 3, 2, 1)):
+        ax.barh(0, 2, left=2 * k, color=draw.PALETTE[layer - 1], edgecolor="black",
+                linewidth=0.5)
+        ax.text(2 * k + 1, 0, f"backward {layer}", ha="center", va="center",
+                fontsize=fontsize, color=draw.ink(_rgb(draw.PALETTE[layer - 1])))
+    for start, label in ((4, "all-reduce, bucket 1"), (8, "bucket 2")):
+        ax.barh(1, 3 if start == 4 else 2.4, left=start, color="#DDDDDD",
+                edgecolor="black", linewidth=0.5)
+        ax.text(start + 0.15, 1, label, va="center", fontsize=fontsize)
+    ax.set_xticks([])
+    return [fig]
+
+
+def notebook_times(fontsize: float = MIN) -> list[Figure]:
+    """The instructor guide's table of notebook times, as bars (read from the
+    page itself, so that the two never disagree)."""
+    import re
+
+    page = Path(__file__).resolve().parents[1] / "book" / "instructor_guide.md"
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \|$", page.read_text(), flags=re.M)
+    fig = draw.figure(figsize=(draw.WIDTH, 0.26 * len(rows) + 0.8),
+                      layout="constrained")
+    ax = fig.subplots()
+    names = [n for n, _ in rows]
+    secs = [int(s) for _, s in rows]
+    colours = [draw.PALETTE[4] if n.endswith("exercises") else draw.PALETTE[1]
+               for n in names]
+    ax.barh(range(len(rows)), secs, color=colours, edgecolor="black", linewidth=0.4)
+    ax.set_yticks(range(len(rows)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds, 2-core machine (dark: exercises)",
+                  fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
     return [fig]
