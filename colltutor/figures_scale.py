@@ -23,6 +23,7 @@ picture is drawn from that code, not from a copy of it.
 * :func:`barrier_times`, :func:`pingpong`, :func:`hang`, :func:`torchrun_hosts`,
   :func:`ddp_overlap`, :func:`notebook_times` -- small schematics (Chapters 8, 9,
   10, 13, the instructor guide).
+* :func:`straggler` -- the stored straggler runs of Chapter 12.
 """
 
 from __future__ import annotations
@@ -667,4 +668,39 @@ def notebook_times(fontsize: float = MIN) -> list[Figure]:
     ax.tick_params(labelsize=fontsize)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+    return [fig]
+
+
+def straggler(fontsize: float = MIN) -> list[Figure]:
+    """Chapter 12's straggler table as bars: each algorithm's simulated time on 64
+    GPUs at 16 MiB, on time and with rank 0 entering 100 µs late
+    (``book/data/simulate_scale.json``)."""
+    import json
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
+                       / "simulate_scale.json").read_text())
+    times: dict[tuple[str, str], dict[float, float]] = {}
+    for run in data["straggler"]:
+        key = (run["collective"], run["algorithm"])
+        times.setdefault(key, {})[run["late"]] = run["seconds"] * 1e6
+    keys = list(times)
+    fig = draw.figure(figsize=(draw.WIDTH, 0.42 * len(keys) + 1.0),
+                      layout="constrained")
+    ax = fig.subplots()
+    for row, key in enumerate(keys):
+        on, late = times[key][0.0], max(times[key].values())
+        ax.barh(row, on, color=draw.PALETTE[1], edgecolor="black", linewidth=0.5,
+                label="on time" if row == 0 else None)
+        ax.barh(row, late - on, left=on, color=draw.PALETTE[5], edgecolor="black",
+                linewidth=0.5, label="added by the straggler" if row == 0 else None)
+        ax.text(late + 40, row, f"+{late - on:.0f} µs", va="center",
+                fontsize=fontsize)
+    ax.set_yticks(range(len(keys)),
+                  [f"{STYLES[k][0]}" if k in STYLES else " ".join(k) for k in keys])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 3600)
+    ax.set_xlabel("simulated µs, 64 GPUs, 16 MiB, rank 0 late by 100 µs",
+                  fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize)
+    ax.legend(fontsize=fontsize, loc="lower right", frameon=False)
     return [fig]
