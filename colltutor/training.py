@@ -274,7 +274,10 @@ class ParallelMLP(torch.nn.Module):
         super().__init__()
         p, rank = dist.get_world_size(group), dist.get_rank(group)
         self.group, self.algorithm = group, algorithm
-        mine = lambda t, dim: torch.nn.Parameter(t.detach().chunk(p, dim)[rank].clone())  # noqa: E731
+
+        def mine(t: torch.Tensor, dim: int) -> torch.nn.Parameter:
+            return torch.nn.Parameter(t.detach().chunk(p, dim)[rank].clone())
+
         self.w1, self.b1 = mine(first.weight, 0), mine(first.bias, 0)  # columns
         self.w2 = mine(second.weight, 1)                                # rows
         self.b2 = torch.nn.Parameter(second.bias.detach().clone())
