@@ -73,6 +73,9 @@ class Result:
     """With real tensors, each rank's buffer(s) at the end."""
     correct: bool | None = None
     """With real tensors, whether every rank holds what the collective promises."""
+    semantics: str = "lockstep"
+    """When a send was done for its sender: ``"lockstep"`` or ``"fifo"``
+    (:class:`colltutor.transports.simgrid.World`)."""
 
     @property
     def algbw(self) -> float:
@@ -98,7 +101,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
              real: bool | None = None, trace: bool | None = None,
              options: dict[str, Any] | None = None,
              late: dict[int, float] | None = None,
-             timeout: float | None = None) -> Result:
+             timeout: float | None = None, semantics: str = "lockstep") -> Result:
     """Simulate ``collective`` of ``nbytes`` on ``topology`` with ``algorithm``.
 
     ``nbytes`` is the collective's size as nccl-tests counts it (the tensor; the
@@ -114,6 +117,11 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     seconds}`` by which those ranks enter the collective late (``seconds`` then
     counts from the first rank entering).  ``algorithm`` may also be a function
     with the signature of the registry's (a learner's, :func:`colltutor.check`).
+    ``semantics``: when a send is done for its sender.  ``"lockstep"`` (the
+    default): once it has arrived, so a step ends when all its messages have.
+    ``"fifo"``: NCCL's, once it is in the receiver's FIFO; the sender blocks only
+    while ``NCCL_STEPS`` (8) chunks to that peer are unconsumed
+    (``src/device/prims_simple.h``; :class:`colltutor.transports.simgrid.World`).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
@@ -138,11 +146,14 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     if algorithm == "nvls" and not (name == "all_reduce" and topology.nvls):
         raise ValueError("nvls (NVLink SHARP) is an all_reduce on a switch that "
                          f"reduces, as h100-node's does; not {name} on {topology.name}")
+    if semantics not in sim.SEMANTICS:
+        raise ValueError(f"semantics {semantics!r}: choose from "
+                         f"{', '.join(sim.SEMANTICS)}")
     if real is None:
         real = p * nbytes <= REAL_UP_TO
     op = op.upper() if isinstance(op, str) else ops.op_name(op)
     return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
-               real, trace, options or {}, late or {}, backend="gloo",
+               real, trace, options or {}, late or {}, semantics, backend="gloo",
                timeout=timeout)[0]
 
 
@@ -151,7 +162,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
 def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
                    op: str, dtype: torch.dtype, root: int, real: bool,
                    record: bool | None, options: dict[str, Any],
-                   late: dict[int, float]) -> Result:
+                   late: dict[int, float], semantics: str = "lockstep") -> Result:
     p = topology.ranks
     os.environ["LOCAL_WORLD_SIZE"] = str(topology.ranks_per_node)
     op = getattr(ops.ReduceOp, op)
@@ -187,7 +198,7 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
 
     outcome = sim.run(topology, program, device,
                       switch if algorithm == "nvls" else None,
-                      observer if recorders else None, late)
+                      observer if recorders else None, late, semantics)
     outputs = outcome.results[:p] if real else None
     merged = None
     if recorders and (record or outcome.messages <= TRACE_MESSAGES):
@@ -200,7 +211,7 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
                   outcome.messages, outcome.wall, outcome.build, merged, outputs,
                   _correct(collective, outputs, p, count, dtype, root, op)
-                  if real else None)
+                  if real else None, semantics)
 
 
 def _known_sizes(collective: str, fn: Any, device: torch.device, p: int, count: int,
@@ -413,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("topology", help=", ".join(topologies.topologies()))
     ap.add_argument("-a", "--algorithm", nargs="*", default=[None])
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
+    ap.add_argument("--semantics", choices=sim.SEMANTICS, default="lockstep",
+                    help="when a send is done for its sender (fifo: NCCL's)")
     args = ap.parse_args(argv)
     names = args.algorithm
     if names == ["all"]:
@@ -425,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'messages':>9} {'wall (s)':>8}")
     for name in names:
         r = simulate(args.collective, args.size, args.topology, name,
-                     trace=bool(args.timeline) or None)
+                     trace=bool(args.timeline) or None, semantics=args.semantics)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
               + (f"   {model.beside(r.algorithm)}" if model else ""))

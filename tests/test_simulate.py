@@ -387,3 +387,81 @@ def test_bruck_all_to_all_runs_on_meta_tensors():
     rounds = int(math.log2(p))  # each sends half of a rank's n bytes to one peer
     assert result.correct is None and result.messages == p * rounds
     assert result.seconds == pytest.approx(rounds * n / 2 / (1 * GB), rel=0.01)
+
+
+# -- FIFO semantics: NCCL's sender, src/device/prims_simple.h -----------------------
+
+def _sends_one_by_one(comm, buf, root):
+    """A broadcast that sends ten pieces one step each: credits show on the root."""
+    pieces = p2p.blocks(buf, 10)
+    for piece in pieces:
+        if comm.rank == root:
+            comm.send(piece, 1)
+        elif comm.rank == 1:
+            comm.recv(piece, root)
+
+
+@needs_simgrid
+def test_fifo_and_lockstep_agree_on_a_ring_and_differ_on_a_chain():
+    """On a star, a ring's p ranks all send and receive each step: a step takes
+    alpha + (n/p) beta whether a send ends on arrival (lockstep) or when it is in
+    the receiver's FIFO.  The pipelined chain of k segments differs: lockstep pays
+    (p + k - 2)(alpha + s beta); with FIFOs a connection streams its segments
+    back to back and each hop's latency is paid once, (p + k - 2) s beta +
+    (p - 1) alpha."""
+    p, n, rate, alpha = 4, 1 << 20, 1 * GB, 20e-6
+    star = Star("s", p, rate, alpha)
+    ring = 2 * (p - 1) * (alpha + n / p / rate)
+    for semantics in ("lockstep", "fifo"):
+        r = colltutor.simulate("all_reduce", n, star, "ring", semantics=semantics)
+        assert r.correct and r.semantics == semantics
+        assert r.seconds == pytest.approx(ring, rel=1e-6)
+    k = 6  # broadcast.default_segments(1 MiB, 4)
+    s = n / k / rate
+    lock = colltutor.simulate("broadcast", n, star, "pipelined_ring")
+    fifo = colltutor.simulate("broadcast", n, star, "pipelined_ring",
+                              semantics="fifo")
+    assert lock.correct and fifo.correct
+    assert lock.seconds == pytest.approx((p + k - 2) * (alpha + s), rel=1e-3)
+    assert fifo.seconds == pytest.approx((p + k - 2) * s + (p - 1) * alpha, rel=1e-3)
+    with pytest.raises(ValueError, match="semantics"):
+        colltutor.simulate("all_reduce", n, star, "ring", semantics="eager")
+
+
+@needs_simgrid
+def test_a_fifo_sender_blocks_only_when_its_eight_slots_are_unconsumed():
+    """The receiver enters ``late`` seconds late.  With FIFOs the root posts its
+    first nine sends at once (eight credits, the ninth waited for) and its tenth
+    only when the receiver has consumed the first; in lockstep each send waits
+    for the previous one's arrival, after the receiver came."""
+    late, n = 1e-3, 40 * 1000
+    star = Star("s", 2, 1 * GB, 10e-6)
+    fifo = colltutor.simulate("broadcast", n, star, _sends_one_by_one,
+                              late={1: late}, semantics="fifo", trace=True)
+    assert fifo.correct
+    starts = [m.start for m in sorted(fifo.trace.messages, key=lambda m: m.src_step)]
+    assert starts == pytest.approx([0.0] * 9 + [late])
+    lock = colltutor.simulate("broadcast", n, star, _sends_one_by_one,
+                              late={1: late}, trace=True)
+    starts = [m.start for m in sorted(lock.trace.messages, key=lambda m: m.src_step)]
+    assert starts[0] == 0.0 and all(t > late for t in starts[1:])
+
+
+@needs_simgrid
+def test_a_ring_with_fifos_does_not_absorb_a_straggler_entirely():
+    """Lockstep lets every step of a flat ring across nodes wait for the NIC hop,
+    so the ranks after a late rank catch up and the delay vanishes.  With FIFOs
+    the ring runs at the pace of its dependencies, much faster, and part of the
+    delay shows at the end; never more than the delay itself."""
+    n, late, cluster = 1 << 20, 20e-6, "h100-cluster:2"
+    def run(semantics, delay):
+        return colltutor.simulate("all_reduce", n, cluster, "ring",
+                                  semantics=semantics, late=delay)
+
+    lock, lock_late = run("lockstep", None), run("lockstep", {0: late})
+    fifo, fifo_late = run("fifo", None), run("fifo", {0: late})
+    assert lock_late.correct and fifo_late.correct
+    assert lock_late.seconds == pytest.approx(lock.seconds, rel=1e-9)
+    assert fifo.seconds < lock.seconds / 2
+    added = fifo_late.seconds - fifo.seconds
+    assert late / 10 < added <= late * 1.0001
