@@ -1,6 +1,8 @@
 """How fast the simulator is, and how close it comes to measurements.
 
     .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 256 1024] [--size 1M]
+    .venv/bin/python benchmarks/bench_simulate.py --speed [--ranks 1024] [--size 1G]
+                                          [--semantics fifo]
     .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink latency machine]
     .venv/bin/python benchmarks/bench_simulate.py --scale [ranks large sizes rails
                                           straggler all_to_all protocols] [--budget N]
@@ -101,6 +103,33 @@ def speed(ranks: list[int], nbytes: int, budget: int,
         steps = [f"{a}->{b}: {math.log(by_p[b] / by_p[a]) / math.log(b / a):.2f}"
                  for a, b in zip(sizes, sizes[1:])]
         print(f"  {collective:>14} {name:>20}  {'  '.join(steps)}")
+
+
+def replay_speed(ranks: list[int], nbytes: int, semantics: str,
+                 actors_up_to: int) -> None:
+    """The flat ring all-reduce end to end (the rank process, recording, the
+    platform, the simulation): as actors (up to ``actors_up_to`` ranks), replayed
+    (recording its messages), and replayed again on the oversubscribed cluster
+    from the cached record."""
+    print(f"# replay speed: ring all-reduce of {human(nbytes)} on h100-cluster:p/8, "
+          f"{semantics} semantics; seconds end to end, messages per real second in "
+          "the simulation")
+    print(f"# {'p':>5} {'engine':>16} {'messages':>9} {'sim (us)':>10} "
+          f"{'record s':>8} {'build s':>7} {'sim s':>7} {'total s':>8} {'msg/s':>7}")
+    for p in ranks:
+        runs = [("actors", f"h100-cluster:{p // 8}", False)] if p <= actors_up_to \
+            else []
+        runs += [("replay", f"h100-cluster:{p // 8}", True),
+                 ("replay", f"h100-cluster-oversubscribed:{p // 8}", True)]
+        for _, topology, replay in runs:
+            start = time.perf_counter()
+            r = colltutor.simulate("all_reduce", nbytes, topology, "ring",
+                                   real=False, trace=False, semantics=semantics,
+                                   replay=replay)
+            total = time.perf_counter() - start
+            print(f"  {p:5d} {r.engine:>16} {r.messages:9d} {r.seconds * 1e6:10.1f} "
+                  f"{r.recorded:8.1f} {r.build:7.1f} {r.wall:7.1f} {total:8.1f} "
+                  f"{r.rate:7.0f}   {r.topology}", flush=True)
 
 
 def without_latency() -> topologies.Star:
@@ -321,6 +350,12 @@ def main() -> None:
                                                    "rails", "spine", "straggler",
                                                    "all_to_all", "protocols"],
                     help="Chapter 12's sweeps (default: all five parts)")
+    ap.add_argument("--speed", action="store_true",
+                    help="the flat ring all-reduce as actors, replayed, and replayed "
+                         "from the cache (--ranks, --size; default 1024 and 1G)")
+    ap.add_argument("--semantics", default="lockstep", choices=["lockstep", "fifo"])
+    ap.add_argument("--actors-up-to", type=int, default=64,
+                    help="--speed: run as actors only up to this many ranks")
     ap.add_argument("--json", help="merge the rows into this JSON file")
     args = ap.parse_args()
     start = time.perf_counter()
@@ -335,6 +370,10 @@ def main() -> None:
         if "machine" in parts:
             rows["machine"] = machine_fidelity([64 << 10, 1 << 20, 16 << 20],
                                                [2, 4, 8])
+    elif args.speed:
+        ranks = args.ranks if args.ranks != [64, 256, 1024] else [1024]
+        size = args.size if args.size != 1 << 20 else 1 << 30
+        replay_speed(ranks, size, args.semantics, args.actors_up_to)
     elif args.scale is not None:
         rows = at_scale(args.scale or ["ranks", "sizes", "rails", "spine",
                                        "straggler", "all_to_all", "protocols"],

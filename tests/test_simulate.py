@@ -465,3 +465,53 @@ def test_a_ring_with_fifos_does_not_absorb_a_straggler_entirely():
     assert fifo.seconds < lock.seconds / 2
     added = fifo_late.seconds - fifo.seconds
     assert late / 10 < added <= late * 1.0001
+
+
+# -- replaying recorded messages: colltutor.schedule -----------------------------
+
+@needs_simgrid
+@pytest.mark.parametrize(("collective", "algorithm", "nbytes", "semantics"), [
+    ("all_reduce", "ring", 1 << 18, "lockstep"),
+    ("all_reduce", "ring", 1 << 18, "fifo"),
+    ("all_reduce", "double_binary_tree", 1 << 16, "fifo"),
+    ("all_reduce", "hierarchical", 1 << 18, "lockstep"),
+    ("all_gather", "pat", 1 << 16, "lockstep"),
+])
+def test_a_replay_takes_the_simulated_time_of_the_actors(
+        collective, algorithm, nbytes, semantics, tmp_path, monkeypatch):
+    """64 ranks on 8 nodes: the recorded messages, replayed, take the simulated
+    time the algorithm takes running inside the simulation; a second replay, on
+    another cluster of as many ranks, comes from the cache."""
+    monkeypatch.setenv("COLLTUTOR_CACHE", str(tmp_path))
+    actors = colltutor.simulate(collective, nbytes, "h100-cluster:8", algorithm,
+                                semantics=semantics)
+    replay = colltutor.simulate(collective, nbytes, "h100-cluster:8", algorithm,
+                                semantics=semantics, replay=True)
+    assert actors.engine == "actors" and replay.engine == "replay"
+    assert replay.seconds == pytest.approx(actors.seconds, rel=1e-9)
+    assert replay.messages == actors.messages and replay.ranks == 64
+    if algorithm == "ring":
+        other = colltutor.simulate(collective, nbytes,
+                                   "h100-cluster-oversubscribed:8", algorithm,
+                                   semantics=semantics, replay=True)
+        assert other.engine == "replay (cached)" and other.recorded == 0.0
+        assert other.messages == actors.messages
+
+
+@needs_simgrid
+def test_a_replay_falls_back_to_actors_for_code_that_polls(tmp_path, monkeypatch):
+    """NVLink SHARP's ranks test their messages before waiting (and a function
+    that polls cannot be recorded ahead): those run as actors."""
+    monkeypatch.setenv("COLLTUTOR_CACHE", str(tmp_path))
+
+    def polls(comm, buf, op):
+        pending = comm.post(sends=[((comm.rank + 1) % comm.size, buf)],
+                            recvs=[((comm.rank - 1) % comm.size, buf)])
+        if not pending.is_completed():  # what comes next could depend on it
+            pending.wait()
+
+    nvls = colltutor.simulate("all_reduce", 1 << 16, "h100-node", "nvls",
+                              replay=True)
+    assert nvls.engine == "actors"
+    run = colltutor.simulate("all_reduce", 1 << 12, "star:4", polls, replay=True)
+    assert run.engine == "actors" and run.messages == 4
