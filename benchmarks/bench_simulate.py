@@ -201,8 +201,9 @@ def nccl_latency(algorithm: str, p: int, gpus: int = 8) -> float:
 def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
                      replay: bool = False, ring_up_to: int = 256) -> list[dict]:
     print(f"# (2) all-reduce latency at {human(nbytes)} on h100-cluster (us): "
-          f"simulated ({semantics} semantics), NCCL's latency formula, and NCCL's "
-          "tuning model (colltutor.nccl_model, the protocol NCCL would use)")
+          f"simulated ({semantics} semantics; ring and tree with the protocol NCCL's "
+          "model picks for them), NCCL's latency formula (Simple), and NCCL's tuning "
+          "model (colltutor.nccl_model)")
     names = [n for n in ("ring", "double_binary_tree", "hierarchical",
                          "recursive_doubling") if n in registry.find("all_reduce")]
     print(f"# {'p':>5} " + " ".join(f"{n:>20}" for n in names)
