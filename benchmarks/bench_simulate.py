@@ -1,7 +1,10 @@
 """How fast the simulator is, and how close it comes to measurements.
 
     .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 256 1024] [--size 1M]
+    .venv/bin/python benchmarks/bench_simulate.py --speed [--ranks 1024] [--size 1G]
+                                          [--semantics fifo]
     .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink latency machine]
+                                          [--semantics fifo] [--replay]
     .venv/bin/python benchmarks/bench_simulate.py --scale [ranks large sizes rails
                                           straggler all_to_all protocols] [--budget N]
     ... --json book/data/simulate_scale.json   (also store the rows, for the book)
@@ -45,7 +48,7 @@ import pathlib
 import time
 
 import colltutor
-from colltutor import cost, registry, topologies
+from colltutor import cost, nccl_model, registry, topologies
 from colltutor.bench import human, parse_size, sweep
 
 PUBLISHED = {
@@ -103,6 +106,33 @@ def speed(ranks: list[int], nbytes: int, budget: int,
         print(f"  {collective:>14} {name:>20}  {'  '.join(steps)}")
 
 
+def replay_speed(ranks: list[int], nbytes: int, semantics: str,
+                 actors_up_to: int) -> None:
+    """The flat ring all-reduce end to end (the rank process, recording, the
+    platform, the simulation): as actors (up to ``actors_up_to`` ranks), replayed
+    (recording its messages), and replayed again on the oversubscribed cluster
+    from the cached record."""
+    print(f"# replay speed: ring all-reduce of {human(nbytes)} on h100-cluster:p/8, "
+          f"{semantics} semantics; seconds end to end, messages per real second in "
+          "the simulation")
+    print(f"# {'p':>5} {'engine':>16} {'messages':>9} {'sim (us)':>10} "
+          f"{'record s':>8} {'build s':>7} {'sim s':>7} {'total s':>8} {'msg/s':>7}")
+    for p in ranks:
+        runs = [("actors", f"h100-cluster:{p // 8}", False)] if p <= actors_up_to \
+            else []
+        runs += [("replay", f"h100-cluster:{p // 8}", True),
+                 ("replay", f"h100-cluster-oversubscribed:{p // 8}", True)]
+        for _, topology, replay in runs:
+            start = time.perf_counter()
+            r = colltutor.simulate("all_reduce", nbytes, topology, "ring",
+                                   real=False, trace=False, semantics=semantics,
+                                   replay=replay)
+            total = time.perf_counter() - start
+            print(f"  {p:5d} {r.engine:>16} {r.messages:9d} {r.seconds * 1e6:10.1f} "
+                  f"{r.recorded:8.1f} {r.build:7.1f} {r.wall:7.1f} {total:8.1f} "
+                  f"{r.rate:7.0f}   {r.topology}", flush=True)
+
+
 def without_latency() -> topologies.Star:
     """``h100-node`` (Simple) with no latency per message: what the ring would reach
     if every segment's latency were hidden, as NCCL's chunks in flight hide it."""
@@ -111,12 +141,29 @@ def without_latency() -> topologies.Star:
                            0.0, node.gamma, nvls=node.nvls, eager=True)
 
 
-def nvlink_fidelity() -> list[dict]:
+def model_busbw(collective: str, algorithm: str, nbytes: int, topology: str
+                ) -> tuple[float | None, str]:
+    """NCCL's tuning model (:mod:`colltutor.nccl_model`) for ``algorithm``'s
+    counterpart, its best protocol: busbw in GB/s and the pair, or ``None``."""
+    model = nccl_model.predict(collective, nbytes, topology)
+    pair = model.counterpart(algorithm) if model else None
+    return (model.busbw(pair) / 1e9, "/".join(pair)) if pair else (None, "")
+
+
+def model_us(collective: str, algorithm: str, nbytes: int, topology: str
+             ) -> tuple[float | None, str]:
+    """The same, as a time in microseconds."""
+    model = nccl_model.predict(collective, nbytes, topology)
+    pair = model.counterpart(algorithm) if model else None
+    return (model[pair] * 1e6, "/".join(pair)) if pair else (None, "")
+
+
+def nvlink_fidelity(semantics: str = "lockstep") -> list[dict]:
     print("# (1) 8 x H100 on NVSwitch, busbw at 1 GiB (GB/s); simple: NCCL's protocol "
           "parameters, no lat: the same without latency per message, ideal: the raw "
-          "450 GB/s")
+          f"450 GB/s; {semantics} semantics; NCCL's tuning model beside")
     print(f"# {'collective':>14} {'algorithm':>20} {'simple':>7} {'no lat':>7} "
-          f"{'ideal':>7} {'published':>9}  source")
+          f"{'ideal':>7} {'published':>9} {'model':>7}  source")
     out = []
     rows = [("all_reduce", "nvls"), ("all_reduce", "ring"),
             ("all_reduce", "multi_channel_ring"), ("all_reduce", "double_binary_tree"),
@@ -125,14 +172,19 @@ def nvlink_fidelity() -> list[dict]:
         if name != "nvls" and name not in registry.find(collective):
             continue
         got = [colltutor.simulate(collective, 1 << 30, topology, name, real=False,
-                                  trace=False).busbw
+                                  trace=False, semantics=semantics).busbw
                for topology in ("h100-node", without_latency(), "h100-node/ideal")]
         value, source = PUBLISHED.get((collective, name), (None, ""))
+        model, pair = model_busbw(collective, name, 1 << 30, "h100-node")
         print(f"  {collective:>14} {name:>20} {got[0]:7.1f} {got[1]:7.1f} "
-              f"{got[2]:7.1f} {value or '':>9}  {source}", flush=True)
+              f"{got[2]:7.1f} {value or '':>9} {model or 0:7.1f}  {source}",
+              flush=True)
         out.append({"collective": collective, "algorithm": name, "bytes": 1 << 30,
                     "busbw": got[0], "busbw_no_latency": got[1],
-                    "busbw_ideal": got[2], "published": value, "source": source})
+                    "busbw_ideal": got[2], "published": value, "source": source,
+                    "semantics": semantics, "nccl_model_busbw": model,
+                    "nccl_model_pair": pair,
+                    "of_published": got[0] / value if value else None})
     return out
 
 
@@ -146,28 +198,43 @@ def nccl_latency(algorithm: str, p: int, gpus: int = 8) -> float:
     return (8.4 + 2 * ((p // nodes - 1) * 4.0 + math.log2(nodes) * 14.0)) * 1e-6
 
 
-def latency_fidelity(ranks: list[int], nbytes: int) -> list[dict]:
+def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
+                     replay: bool = False, ring_up_to: int = 256) -> list[dict]:
     print(f"# (2) all-reduce latency at {human(nbytes)} on h100-cluster (us): "
-          "simulated, and NCCL's own model")
+          f"simulated ({semantics} semantics; ring and tree with the protocol NCCL's "
+          "model picks for them), NCCL's latency formula (Simple), and NCCL's tuning "
+          "model (colltutor.nccl_model)")
     names = [n for n in ("ring", "double_binary_tree", "hierarchical",
                          "recursive_doubling") if n in registry.find("all_reduce")]
     print(f"# {'p':>5} " + " ".join(f"{n:>20}" for n in names)
-          + f" {'NCCL ring':>10} {'NCCL tree':>10}")
+          + f" {'NCCL ring':>10} {'NCCL tree':>10} {'model ring':>16} "
+          f"{'model tree':>16}")
     out = []
     for p in ranks:
         cells = []
+        topology = f"h100-cluster:{p // 8}" if p > 8 else "h100-node"
+        ring, ring_pair = model_us("all_reduce", "ring", nbytes, topology)
+        tree, tree_pair = model_us("all_reduce", "double_binary_tree", nbytes, topology)
         row = {"p": p, "bytes": nbytes, "nccl_ring_us": nccl_latency("ring", p) * 1e6,
-               "nccl_tree_us": nccl_latency("tree", p) * 1e6}
+               "nccl_tree_us": nccl_latency("tree", p) * 1e6, "semantics": semantics,
+               "model_ring_us": ring, "model_ring_pair": ring_pair,
+               "model_tree_us": tree, "model_tree_pair": tree_pair}
         for name in names:
-            if name == "ring" and p > 256:  # 2 (p-1) p messages: see the speed table
+            if name == "ring" and p > ring_up_to:  # 2 (p-1) p messages
                 cells.append(f"{'-':>20}")
                 continue
-            r = colltutor.simulate("all_reduce", nbytes, f"h100-cluster:{p // 8}", name,
-                                   real=False, trace=False)
+            pair = {"ring": ring_pair, "double_binary_tree": tree_pair}.get(name, "")
+            protocol = pair.partition("/")[2] or "simple"  # the one NCCL would use
+            r = colltutor.simulate("all_reduce", nbytes,
+                                   f"h100-cluster:{p // 8}/{protocol}", name,
+                                   real=False, trace=False, semantics=semantics,
+                                   replay=replay)
             cells.append(f"{r.seconds * 1e6:20.1f}")
             row[f"{name}_us"] = r.seconds * 1e6
         print(f"  {p:5d} " + " ".join(cells)
-              + f" {row['nccl_ring_us']:10.1f} {row['nccl_tree_us']:10.1f}", flush=True)
+              + f" {row['nccl_ring_us']:10.1f} {row['nccl_tree_us']:10.1f}"
+              f" {ring or 0:9.1f} {ring_pair:>6} {tree or 0:9.1f} {tree_pair:>6}",
+              flush=True)
         out.append(row)
     return out
 
@@ -321,20 +388,36 @@ def main() -> None:
                                                    "rails", "spine", "straggler",
                                                    "all_to_all", "protocols"],
                     help="Chapter 12's sweeps (default: all five parts)")
+    ap.add_argument("--speed", action="store_true",
+                    help="the flat ring all-reduce as actors, replayed, and replayed "
+                         "from the cache (--ranks, --size; default 1024 and 1G)")
+    ap.add_argument("--semantics", default="lockstep", choices=["lockstep", "fifo"])
+    ap.add_argument("--replay", action="store_true",
+                    help="--fidelity latency: replay recorded messages (faster)")
+    ap.add_argument("--ring-up-to", type=int, default=256,
+                    help="--fidelity latency: the flat ring only up to this many ranks")
+    ap.add_argument("--actors-up-to", type=int, default=64,
+                    help="--speed: run as actors only up to this many ranks")
     ap.add_argument("--json", help="merge the rows into this JSON file")
     args = ap.parse_args()
     start = time.perf_counter()
     rows: dict[str, list[dict]] = {}
     if args.fidelity is not None:
         parts = args.fidelity or ["nvlink", "latency", "machine"]
+        tail = "" if args.semantics == "lockstep" else f"_{args.semantics}"
         if "nvlink" in parts:
-            rows["nvlink"] = nvlink_fidelity()
+            rows["nvlink" + tail] = nvlink_fidelity(args.semantics)
         if "latency" in parts:
-            rows["latency"] = latency_fidelity([8, 16, 32, 64, 128, 256, 512, 1024],
-                                               16 << 10)
+            rows["latency" + tail] = latency_fidelity(
+                [8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10, args.semantics,
+                args.replay, args.ring_up_to)
         if "machine" in parts:
             rows["machine"] = machine_fidelity([64 << 10, 1 << 20, 16 << 20],
                                                [2, 4, 8])
+    elif args.speed:
+        ranks = args.ranks if args.ranks != [64, 256, 1024] else [1024]
+        size = args.size if args.size != 1 << 20 else 1 << 30
+        replay_speed(ranks, size, args.semantics, args.actors_up_to)
     elif args.scale is not None:
         rows = at_scale(args.scale or ["ranks", "sizes", "rails", "spine",
                                        "straggler", "all_to_all", "protocols"],

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from colltutor import ops, p2p, registry, topologies, tuning
+from colltutor import ops, p2p, registry, schedule, topologies, tuning
 from colltutor import trace as tracing
 from colltutor.transports import simgrid as sim
 
@@ -73,6 +73,15 @@ class Result:
     """With real tensors, each rank's buffer(s) at the end."""
     correct: bool | None = None
     """With real tensors, whether every rank holds what the collective promises."""
+    semantics: str = "lockstep"
+    """When a send was done for its sender: ``"lockstep"`` or ``"fifo"``
+    (:class:`colltutor.transports.simgrid.World`)."""
+    engine: str = "actors"
+    """``"actors"``: the algorithm ran inside the simulation; ``"replay"``: its
+    recorded messages were replayed (:mod:`colltutor.schedule`); ``"replay
+    (cached)"``: a record from the cache was."""
+    recorded: float = 0.0
+    """Real seconds recording the messages took (a replay, not from the cache)."""
 
     @property
     def algbw(self) -> float:
@@ -98,7 +107,8 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
              real: bool | None = None, trace: bool | None = None,
              options: dict[str, Any] | None = None,
              late: dict[int, float] | None = None,
-             timeout: float | None = None) -> Result:
+             timeout: float | None = None, semantics: str = "lockstep",
+             replay: bool = False) -> Result:
     """Simulate ``collective`` of ``nbytes`` on ``topology`` with ``algorithm``.
 
     ``nbytes`` is the collective's size as nccl-tests counts it (the tensor; the
@@ -114,6 +124,16 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     seconds}`` by which those ranks enter the collective late (``seconds`` then
     counts from the first rank entering).  ``algorithm`` may also be a function
     with the signature of the registry's (a learner's, :func:`colltutor.check`).
+    ``semantics``: when a send is done for its sender.  ``"lockstep"`` (the
+    default): once it has arrived, so a step ends when all its messages have.
+    ``"fifo"``: NCCL's, once it is in the receiver's FIFO; the sender blocks only
+    while ``NCCL_STEPS`` (8) chunks to that peer are unconsumed
+    (``src/device/prims_simple.h``; :class:`colltutor.transports.simgrid.World`).
+    ``replay``: record each rank's messages once (on meta tensors, cached on
+    disk), then replay them on the simulated cluster without running the
+    algorithm there: the same simulated times, fewer real seconds, no result to
+    check and no trace (:mod:`colltutor.schedule`; an algorithm that polls, and
+    NVLink SHARP, run as actors anyway).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
@@ -138,11 +158,15 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     if algorithm == "nvls" and not (name == "all_reduce" and topology.nvls):
         raise ValueError("nvls (NVLink SHARP) is an all_reduce on a switch that "
                          f"reduces, as h100-node's does; not {name} on {topology.name}")
+    if semantics not in sim.SEMANTICS:
+        raise ValueError(f"semantics {semantics!r}: choose from "
+                         f"{', '.join(sim.SEMANTICS)}")
     if real is None:
         real = p * nbytes <= REAL_UP_TO
     op = op.upper() if isinstance(op, str) else ops.op_name(op)
     return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
-               real, trace, options or {}, late or {}, backend="gloo",
+               real, trace, options or {}, late or {}, semantics,
+               str(schedule.cache_dir()) if replay else None, backend="gloo",
                timeout=timeout)[0]
 
 
@@ -151,29 +175,27 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
 def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
                    op: str, dtype: torch.dtype, root: int, real: bool,
                    record: bool | None, options: dict[str, Any],
-                   late: dict[int, float]) -> Result:
+                   late: dict[int, float], semantics: str = "lockstep",
+                   replay: str | None = None) -> Result:
     p = topology.ranks
     os.environ["LOCAL_WORLD_SIZE"] = str(topology.ranks_per_node)
+    op_name = op
     op = getattr(ops.ReduceOp, op)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     count = nbytes // itemsize
+    if replay and algorithm != "nvls":
+        replayed = _replay(collective, nbytes, topology, algorithm, op_name, dtype,
+                           root, options, late, semantics, count, op, replay)
+        if replayed is not None:
+            return replayed
     device = torch.device("cpu" if real else "meta")
     size = p + 2 * (algorithm == "nvls")
     recorders = [SimTrace() for _ in range(size)] if record or (
         record is None and p <= TRACE_UP_TO) else []
 
     def program(comm: p2p.Comm) -> Any:
-        bufs = buffers(collective, comm.rank, p, count, dtype, device, root)
-        if recorders and real and isinstance(bufs[0], torch.Tensor):
-            recorders[comm.rank].watch(bufs[0])
-        if algorithm == "nvls":
-            nvls_rank(comm, bufs[0], op)
-        else:
-            fn = algorithm if callable(algorithm) else \
-                registry.find(collective)[algorithm].fn
-            _call(collective, functools.partial(fn, **_known_sizes(
-                collective, fn, device, p, count, options)), comm, bufs, op, root)
-        return bufs if real else None
+        return _program(comm, collective, algorithm, p, count, dtype, device, root,
+                        op, options, recorders if real else [])
 
     def switch(comm: p2p.Comm) -> None:
         if comm.rank == p:
@@ -187,7 +209,7 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
 
     outcome = sim.run(topology, program, device,
                       switch if algorithm == "nvls" else None,
-                      observer if recorders else None, late)
+                      observer if recorders else None, late, semantics)
     outputs = outcome.results[:p] if real else None
     merged = None
     if recorders and (record or outcome.messages <= TRACE_MESSAGES):
@@ -200,7 +222,54 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
                   outcome.messages, outcome.wall, outcome.build, merged, outputs,
                   _correct(collective, outputs, p, count, dtype, root, op)
-                  if real else None)
+                  if real else None, semantics)
+
+
+def _program(comm: p2p.Comm, collective: str, algorithm: Any, p: int, count: int,
+             dtype: torch.dtype, device: torch.device, root: int, op: object,
+             options: dict[str, Any], recorders: list) -> Any:
+    """One rank of the simulation: its buffers, then the algorithm on them."""
+    bufs = buffers(collective, comm.rank, p, count, dtype, device, root)
+    if recorders and isinstance(bufs[0], torch.Tensor):
+        recorders[comm.rank].watch(bufs[0])
+    if algorithm == "nvls":
+        nvls_rank(comm, bufs[0], op)
+    else:
+        fn = algorithm if callable(algorithm) else \
+            registry.find(collective)[algorithm].fn
+        _call(collective, functools.partial(fn, **_known_sizes(
+            collective, fn, device, p, count, options)), comm, bufs, op, root)
+    return bufs if device.type != "meta" else None
+
+
+def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name: str,
+            dtype: torch.dtype, root: int, options: dict[str, Any],
+            late: dict[int, float], semantics: str, count: int, op: object,
+            cache: str) -> Result | None:
+    """The simulation as a replay of the ranks' recorded messages
+    (:mod:`colltutor.schedule`, kept in the directory ``cache``); ``None`` when
+    the algorithm polls."""
+    import time
+
+    p, meta = topology.ranks, torch.device("meta")
+    name = None if callable(algorithm) else schedule.key(
+        collective, algorithm, nbytes, str(dtype), p, topology.ranks_per_node, root,
+        op_name, sorted(options.items()))
+    start = time.perf_counter()
+    try:
+        logs, hit = schedule.cached(cache, name, lambda: schedule.record(
+            lambda comm: _program(comm, collective, algorithm, p, count, dtype, meta,
+                                  root, op, options, []), p, meta))
+    except schedule.Polls:
+        return None
+    recorded = 0.0 if hit else time.perf_counter() - start
+    outcome = sim.run(topology, schedule.replayer(logs, bool(topology.gamma)), meta,
+                      None, None, late, semantics)
+    if callable(algorithm):
+        algorithm = getattr(algorithm, "__name__", "function")
+    return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
+                  outcome.messages, outcome.wall, outcome.build, None, None, None,
+                  semantics, "replay (cached)" if hit else "replay", recorded)
 
 
 def _known_sizes(collective: str, fn: Any, device: torch.device, p: int, count: int,
@@ -413,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("topology", help=", ".join(topologies.topologies()))
     ap.add_argument("-a", "--algorithm", nargs="*", default=[None])
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
+    ap.add_argument("--semantics", choices=sim.SEMANTICS, default="lockstep",
+                    help="when a send is done for its sender (fifo: NCCL's)")
     args = ap.parse_args(argv)
     names = args.algorithm
     if names == ["all"]:
@@ -425,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'messages':>9} {'wall (s)':>8}")
     for name in names:
         r = simulate(args.collective, args.size, args.topology, name,
-                     trace=bool(args.timeline) or None)
+                     trace=bool(args.timeline) or None, semantics=args.semantics)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
               + (f"   {model.beside(r.algorithm)}" if model else ""))

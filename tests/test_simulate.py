@@ -387,3 +387,131 @@ def test_bruck_all_to_all_runs_on_meta_tensors():
     rounds = int(math.log2(p))  # each sends half of a rank's n bytes to one peer
     assert result.correct is None and result.messages == p * rounds
     assert result.seconds == pytest.approx(rounds * n / 2 / (1 * GB), rel=0.01)
+
+
+# -- FIFO semantics: NCCL's sender, src/device/prims_simple.h -----------------------
+
+def _sends_one_by_one(comm, buf, root):
+    """A broadcast that sends ten pieces one step each: credits show on the root."""
+    pieces = p2p.blocks(buf, 10)
+    for piece in pieces:
+        if comm.rank == root:
+            comm.send(piece, 1)
+        elif comm.rank == 1:
+            comm.recv(piece, root)
+
+
+@needs_simgrid
+def test_fifo_and_lockstep_agree_on_a_ring_and_differ_on_a_chain():
+    """On a star, a ring's p ranks all send and receive each step: a step takes
+    alpha + (n/p) beta whether a send ends on arrival (lockstep) or when it is in
+    the receiver's FIFO.  The pipelined chain of k segments differs: lockstep pays
+    (p + k - 2)(alpha + s beta); with FIFOs a connection streams its segments
+    back to back and each hop's latency is paid once, (p + k - 2) s beta +
+    (p - 1) alpha."""
+    p, n, rate, alpha = 4, 1 << 20, 1 * GB, 20e-6
+    star = Star("s", p, rate, alpha)
+    ring = 2 * (p - 1) * (alpha + n / p / rate)
+    for semantics in ("lockstep", "fifo"):
+        r = colltutor.simulate("all_reduce", n, star, "ring", semantics=semantics)
+        assert r.correct and r.semantics == semantics
+        assert r.seconds == pytest.approx(ring, rel=1e-6)
+    k = 6  # broadcast.default_segments(1 MiB, 4)
+    s = n / k / rate
+    lock = colltutor.simulate("broadcast", n, star, "pipelined_ring")
+    fifo = colltutor.simulate("broadcast", n, star, "pipelined_ring",
+                              semantics="fifo")
+    assert lock.correct and fifo.correct
+    assert lock.seconds == pytest.approx((p + k - 2) * (alpha + s), rel=1e-3)
+    assert fifo.seconds == pytest.approx((p + k - 2) * s + (p - 1) * alpha, rel=1e-3)
+    with pytest.raises(ValueError, match="semantics"):
+        colltutor.simulate("all_reduce", n, star, "ring", semantics="eager")
+
+
+@needs_simgrid
+def test_a_fifo_sender_blocks_only_when_its_eight_slots_are_unconsumed():
+    """The receiver enters ``late`` seconds late.  With FIFOs the root posts its
+    first nine sends at once (eight credits, the ninth waited for) and its tenth
+    only when the receiver has consumed the first; in lockstep each send waits
+    for the previous one's arrival, after the receiver came."""
+    late, n = 1e-3, 40 * 1000
+    star = Star("s", 2, 1 * GB, 10e-6)
+    fifo = colltutor.simulate("broadcast", n, star, _sends_one_by_one,
+                              late={1: late}, semantics="fifo", trace=True)
+    assert fifo.correct
+    starts = [m.start for m in sorted(fifo.trace.messages, key=lambda m: m.src_step)]
+    assert starts == pytest.approx([0.0] * 9 + [late])
+    lock = colltutor.simulate("broadcast", n, star, _sends_one_by_one,
+                              late={1: late}, trace=True)
+    starts = [m.start for m in sorted(lock.trace.messages, key=lambda m: m.src_step)]
+    assert starts[0] == 0.0 and all(t > late for t in starts[1:])
+
+
+@needs_simgrid
+def test_a_ring_with_fifos_does_not_absorb_a_straggler_entirely():
+    """Lockstep lets every step of a flat ring across nodes wait for the NIC hop,
+    so the ranks after a late rank catch up and the delay vanishes.  With FIFOs
+    the ring runs at the pace of its dependencies, much faster, and part of the
+    delay shows at the end; never more than the delay itself."""
+    n, late, cluster = 1 << 20, 20e-6, "h100-cluster:2"
+    def run(semantics, delay):
+        return colltutor.simulate("all_reduce", n, cluster, "ring",
+                                  semantics=semantics, late=delay)
+
+    lock, lock_late = run("lockstep", None), run("lockstep", {0: late})
+    fifo, fifo_late = run("fifo", None), run("fifo", {0: late})
+    assert lock_late.correct and fifo_late.correct
+    assert lock_late.seconds == pytest.approx(lock.seconds, rel=1e-9)
+    assert fifo.seconds < lock.seconds / 2
+    added = fifo_late.seconds - fifo.seconds
+    assert late / 10 < added <= late * 1.0001
+
+
+# -- replaying recorded messages: colltutor.schedule -----------------------------
+
+@needs_simgrid
+@pytest.mark.parametrize(("collective", "algorithm", "nbytes", "semantics"), [
+    ("all_reduce", "ring", 1 << 18, "lockstep"),
+    ("all_reduce", "ring", 1 << 18, "fifo"),
+    ("all_reduce", "double_binary_tree", 1 << 16, "fifo"),
+    ("all_reduce", "hierarchical", 1 << 18, "lockstep"),
+    ("all_gather", "pat", 1 << 16, "lockstep"),
+])
+def test_a_replay_takes_the_simulated_time_of_the_actors(
+        collective, algorithm, nbytes, semantics, tmp_path, monkeypatch):
+    """64 ranks on 8 nodes: the recorded messages, replayed, take the simulated
+    time the algorithm takes running inside the simulation; a second replay, on
+    another cluster of as many ranks, comes from the cache."""
+    monkeypatch.setenv("COLLTUTOR_CACHE", str(tmp_path))
+    actors = colltutor.simulate(collective, nbytes, "h100-cluster:8", algorithm,
+                                semantics=semantics)
+    replay = colltutor.simulate(collective, nbytes, "h100-cluster:8", algorithm,
+                                semantics=semantics, replay=True)
+    assert actors.engine == "actors" and replay.engine == "replay"
+    assert replay.seconds == pytest.approx(actors.seconds, rel=1e-9)
+    assert replay.messages == actors.messages and replay.ranks == 64
+    if algorithm == "ring":
+        other = colltutor.simulate(collective, nbytes,
+                                   "h100-cluster-oversubscribed:8", algorithm,
+                                   semantics=semantics, replay=True)
+        assert other.engine == "replay (cached)" and other.recorded == 0.0
+        assert other.messages == actors.messages
+
+
+@needs_simgrid
+def test_a_replay_falls_back_to_actors_for_code_that_polls(tmp_path, monkeypatch):
+    """NVLink SHARP's ranks test their messages before waiting (and a function
+    that polls cannot be recorded ahead): those run as actors."""
+    monkeypatch.setenv("COLLTUTOR_CACHE", str(tmp_path))
+
+    def polls(comm, buf, op):
+        pending = comm.post(sends=[((comm.rank + 1) % comm.size, buf)],
+                            recvs=[((comm.rank - 1) % comm.size, buf)])
+        if not pending.is_completed():  # what comes next could depend on it
+            pending.wait()
+
+    nvls = colltutor.simulate("all_reduce", 1 << 16, "h100-node", "nvls",
+                              replay=True)
+    assert nvls.engine == "actors"
+    run = colltutor.simulate("all_reduce", 1 << 12, "star:4", polls, replay=True)
+    assert run.engine == "actors" and run.messages == 4

@@ -20,6 +20,7 @@ results are exact.  SimGrid keeps one simulation per process: call
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -141,6 +142,14 @@ def _quiet(fd: int) -> Iterator[None]:
         os.close(saved)
 
 
+NCCL_STEPS = 8
+"""Slots of a connection's FIFO (``NCCL_STEPS``, ``src/include/device.h``, NCCL
+2.30.7): a sender may have this many chunks written and not yet consumed."""
+
+SEMANTICS = ("lockstep", "fifo")
+"""How a send completes for its sender (:class:`World`)."""
+
+
 class _Send:
     def __init__(self, world: World, activity: Any) -> None:
         self.world, self.activity = world, activity
@@ -153,18 +162,43 @@ class _Send:
         return self.activity.test()
 
 
+class _Credit:
+    """A send under FIFO semantics: handed to the receiver's FIFO when posted (the
+    transfer goes on, detached); waiting for it takes a credit of its connection,
+    so it blocks only while :data:`NCCL_STEPS` earlier chunks to that peer are
+    unconsumed.  NCCL's sender spins in ``waitPeer`` while ``connStepCache +
+    NCCL_STEPS < step + StepPerSlice``, the receiver's consumed step plus the FIFO's
+    depth (``src/device/prims_simple.h``, NCCL 2.30.7)."""
+
+    def __init__(self, world: World, credits: Any) -> None:
+        self.world, self.credits, self.taken = world, credits, False
+
+    def wait(self) -> None:
+        self.world.settle()
+        if not self.taken:
+            self.credits.acquire()
+            self.taken = True
+
+    def is_completed(self) -> bool:
+        return self.taken or not self.credits.would_block()
+
+
 class _Recv:
-    def __init__(self, world: World, activity: Any, data: Any, into: torch.Tensor
-                 ) -> None:
+    def __init__(self, world: World, activity: Any, data: Any, into: torch.Tensor,
+                 link: tuple[int, int]) -> None:
         self.world, self.activity, self.data, self.into = world, activity, data, into
+        self.link = link  # (sender, receiver)
 
     def wait(self) -> None:
         if self.into is None:
             return
         self.world.settle()
         self.activity.wait()
-        self.world.busy(1)  # the receiver's share of the message's CPU time
         sent, into, self.into = self.data.get(), self.into, None
+        if self.world.fifo:
+            sent = self.world.landed(sent, *self.link)
+            self.world.consumed(*self.link)  # its FIFO slot is free again
+        self.world.busy(1)  # the receiver's share of the message's CPU time
         if sent.numel() != into.numel() or sent.dtype != into.dtype:
             raise RuntimeError(f"a {sent.numel()} x {sent.dtype} message cannot land "
                                f"in a {into.numel()} x {into.dtype} tensor")
@@ -183,14 +217,27 @@ class World:
 
     ``eager``: a message moves as soon as it is sent, into a buffer its receiver set
     up beforehand (NCCL's channels); otherwise it waits for the receiver to post
-    its receive (gloo's TCP transport is receiver-driven)."""
+    its receive (gloo's TCP transport is receiver-driven).
+
+    ``semantics``: when a send is done for its sender.  ``"lockstep"``: when it has
+    arrived (a step ends when all its messages have).  ``"fifo"``: NCCL's, when it
+    is in the receiver's FIFO, blocking only while :data:`NCCL_STEPS` chunks to
+    that peer are unconsumed (:class:`_Credit`); messages are then eager."""
 
     def __init__(self, sg: Any, size: int, speed: float, overhead: float = 0.0,
-                 eager: bool = False) -> None:
+                 eager: bool = False, semantics: str = "lockstep") -> None:
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics {semantics!r}: choose from "
+                             f"{', '.join(SEMANTICS)}")
         self.sg, self.size, self.speed = sg, size, speed
-        self.overhead, self.eager = overhead, eager
+        self.fifo = semantics == "fifo"
+        self.overhead, self.eager = overhead, eager or self.fifo
         self.actors: list[Any] = []
         self.boxes: dict[tuple[int, int], Any] = {}
+        self.credits: dict[tuple[int, int], Any] = {}
+        self.hosts: list[Any] = []
+        self.wires: dict[tuple[int, int], tuple[collections.deque, Any]] = {}
+        self.latency: Callable[[int, int], float] = lambda src, dst: 0.0
         self.messages = self.bytes = 0
         self.owed = threading.local()  # work not yet charged, per actor
 
@@ -213,6 +260,57 @@ class World:
         if owed:
             self.owed.bytes = 0
             self.sg.this_actor.execute(owed)
+
+    def credit(self, src: int, dst: int) -> Any:
+        """The FIFO credits of connection ``src -> dst``: a semaphore of
+        :data:`NCCL_STEPS`, taken by the sender, given back by the receiver."""
+        found = self.credits.get((src, dst))
+        if found is None:
+            found = self.credits[src, dst] = self.sg.Semaphore(NCCL_STEPS)
+        return found
+
+    def enqueue(self, src: int, dst: int, payload: Any, nbytes: int) -> None:
+        """Hand a message to connection ``src -> dst`` (fifo).
+
+        The connection moves its messages one after the other, in order, as a
+        NCCL connection's FIFO does (concurrent flows would share the links and
+        arrive together): one daemon actor per connection, on the sender's host,
+        puts them in turn.  The links then carry bytes only (no latency), so the
+        next message's bytes follow the last one's at once, and each message
+        lands the route's latency after its last byte (:meth:`landed`): chunks
+        in flight pay the latency once, not once each."""
+        wire = self.wires.get((src, dst))
+        if wire is None:
+            wire = self.wires[src, dst] = (collections.deque(), self.sg.Semaphore(0))
+            self.sg.Actor.create(f"wire{src}>{dst}", self.hosts[src], self._wire,
+                                 src, dst)
+        wire[0].append([payload, nbytes, None])
+        wire[1].release()
+
+    def _wire(self, src: int, dst: int) -> None:
+        self.sg.Actor.self().daemonize()  # ends with the ranks
+        box, (queue, ready) = self.box(src, dst), self.wires[src, dst]
+        latency = self.latency(src, dst)
+        while True:
+            ready.acquire()
+            message = queue.popleft()
+            box.put(message, message[1])
+            message[2] = self.sg.Engine.clock + latency
+
+    def landed(self, message: list, src: int, dst: int) -> Any:
+        """The payload of ``message`` (fifo) once it has landed: its last byte's
+        time plus the route's latency, waited for here."""
+        sg = self.sg
+        due = message[2] if message[2] is not None else \
+            sg.Engine.clock + self.latency(src, dst)  # its last byte: just now
+        if due > sg.Engine.clock:
+            sg.this_actor.sleep_until(due)
+        return message[0]
+
+    def consumed(self, src: int, dst: int) -> None:
+        """``dst`` consumed a message from ``src``: a credit back (fifo)."""
+        if self.fifo:
+            self.credit(src, dst).release()
 
     def box(self, src: int, dst: int) -> Any:
         found = self.boxes.get((src, dst))
@@ -237,12 +335,16 @@ class SimTransport:
         handles: list[Handle] = []
         for peer, tensor in recvs:
             activity, data = world.box(peer, self.rank).get_async()
-            handles.append(_Recv(world, activity, data, tensor))
+            handles.append(_Recv(world, activity, data, tensor, (peer, self.rank)))
         for peer, tensor in sends:
             payload = tensor if tensor.is_meta else tensor.clone()
             nbytes = tensor.numel() * tensor.element_size()
-            handles.append(_Send(world, world.box(self.rank, peer).put_async(payload,
-                                                                              nbytes)))
+            if world.fifo:  # handed to the connection; the sender waits for credit
+                world.enqueue(self.rank, peer, payload, nbytes)
+                handles.append(_Credit(world, world.credit(self.rank, peer)))
+            else:
+                handles.append(_Send(world, world.box(self.rank, peer).put_async(
+                    payload, nbytes)))
             world.messages += 1
             world.bytes += nbytes
         return handles
@@ -251,24 +353,26 @@ class SimTransport:
         raise RuntimeError("the simulated transport has no receive from any source")
 
 
-def platform(sg: Any, engine: Any, topology: Any, switch: bool = False
-             ) -> list[Any]:
+def platform(sg: Any, engine: Any, topology: Any, switch: bool = False,
+             latencies: bool = True) -> list[Any]:
     """Build ``topology`` (:mod:`colltutor.topologies`) as SimGrid's platform; its
     hosts in rank order, then the switch's when ``switch`` (NVLink SHARP).
+    ``latencies=False``: links without their latency (FIFO semantics charge a
+    route's latency themselves, :meth:`World.enqueue`).
 
     A star is a star zone: a route is the sender's links up, the receiver's down.
     Anything else lists the route of every pair (p squared of them), which SimGrid
     reads fastest from XML (1,024 ranks: about 5 s)."""
     speed = 1 / topology.gamma if topology.gamma else 1e18  # bytes reduced a second
     if not topology.star:
-        return _full(sg, engine, topology, speed)
+        return _full(sg, engine, topology, speed, latencies)
     zone = sg.NetZone.create_star_zone("cluster")
     if hasattr(topology, "cores"):  # one machine: every rank on its one host
         return _machine(sg, zone, topology, speed)
     links = {}
     for link in topology.links() + ([_sharp(topology)] if switch else []):
         made = zone.create_split_duplex_link(link.name, link.bandwidth)
-        links[link.name] = made.set_latency(link.latency).seal()
+        links[link.name] = made.set_latency(link.latency * latencies).seal()
     way = {UP: sg.LinkInRoute.Direction.UP, DOWN: sg.LinkInRoute.Direction.DOWN}
     hosts = [zone.create_host(f"rank{r}", speed).seal() for r in range(topology.ranks)]
     if switch:  # its reducer and its multicaster run there, no speed limit
@@ -279,6 +383,25 @@ def platform(sg: Any, engine: Any, topology: Any, switch: bool = False
                        [sg.LinkInRoute(links[name], way[w]) for name, w in up], True)
     zone.seal()
     return hosts
+
+
+def route_latency(topology: Any, src: int, dst: int) -> float:
+    """Seconds a message from ``src`` to ``dst`` waits on the latency of the links
+    it crosses (ranks past ``topology.ranks`` are the NVLink SHARP switch's, on its
+    own link without latency)."""
+    if hasattr(topology, "cores"):  # one machine: its latency is CPU time
+        return 0.0
+    links = _latencies(topology)
+    if src >= topology.ranks or dst >= topology.ranks:
+        hops = topology.up(min(src, dst))
+    else:
+        hops = topology.route(src, dst)
+    return sum(links.get(name, 0.0) for name, _ in hops)
+
+
+@functools.cache
+def _latencies(topology: Any) -> dict[str, float]:
+    return {link.name: link.latency for link in topology.links()}
 
 
 def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
@@ -295,7 +418,8 @@ def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
     return [host] * machine.ranks
 
 
-def _full(sg: Any, engine: Any, topology: Any, speed: float) -> list[Any]:
+def _full(sg: Any, engine: Any, topology: Any, speed: float,
+          latencies: bool = True) -> list[Any]:
     import tempfile
 
     p, links = topology.ranks, topology.links()
@@ -307,7 +431,8 @@ def _full(sg: Any, engine: Any, topology: Any, speed: float) -> list[Any]:
                 '<zone id="cluster" routing="Full">\n')
         f.writelines(f'<host id="rank{r}" speed="{speed!r}f"/>\n' for r in range(p))
         f.writelines(f'<link id="{link.name}" bandwidth="{link.bandwidth!r}Bps" '
-                     f'latency="{link.latency!r}s" sharing_policy="SPLITDUPLEX"/>\n'
+                     f'latency="{link.latency * latencies!r}s" '
+                     'sharing_policy="SPLITDUPLEX"/>\n'
                      for link in links)
         for a in range(p):
             f.writelines(f'<route src="rank{a}" dst="rank{b}" symmetrical="NO">'
@@ -349,13 +474,15 @@ class SimulationError(RuntimeError):
 def run(topology: Any, program: Callable[..., Any], device: torch.device,
         switch: Callable[..., Any] | None = None,
         observer: Callable[[int], Any] | None = None,
-        late: dict[int, float] | None = None) -> Outcome:
+        late: dict[int, float] | None = None, semantics: str = "lockstep"
+        ) -> Outcome:
     """Run ``program(comm)`` as every rank of ``topology`` (and ``switch(comm)`` as
     two more ranks on the switch, for NVLink SHARP); once per process.
 
     ``observer(rank)``, when given, makes an observer (a trace recorder) that sees
     every step of that rank (:func:`colltutor.p2p.observe`).  ``late``: ranks that
     enter the collective late (stragglers), and by how many simulated seconds.
+    ``semantics``: when a send is done for its sender (:class:`World`).
     """
     late = late or {}
     from colltutor import p2p
@@ -363,11 +490,13 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
     sg = load()
     engine = sg.Engine(["colltutor", *CONFIG])
     start = time.perf_counter()
-    hosts = platform(sg, engine, topology, switch is not None)
+    hosts = platform(sg, engine, topology, switch is not None,
+                     latencies=semantics != "fifo")
     built = time.perf_counter() - start
     hosts += hosts[-1:] if switch else []  # the switch's second actor
     speed = 1 / topology.gamma if topology.gamma else 1e18
-    world = World(sg, len(hosts), speed, topology.overhead, topology.eager)
+    world = World(sg, len(hosts), speed, topology.overhead, topology.eager, semantics)
+    world.hosts, world.latency = hosts, functools.partial(route_latency, topology)
     results: list[Any] = [None] * len(hosts)
     finished: list[float | None] = [None] * len(hosts)
     comms: list[Any] = [None] * len(hosts)

@@ -1,0 +1,216 @@
+"""Record each rank's messages once, replay them on SimGrid: large simulations
+without running the algorithm inside the simulation.
+
+An algorithm's messages depend on the rank, the size of the group and of the
+buffer, not on when messages arrive (unless it polls: ``is_completed``,
+``recv_any``).  So :func:`record` runs each rank's algorithm alone, on meta
+tensors, over a :class:`RecordingTransport` whose messages complete at once, and
+keeps what the rank did as integers: its posts (peers and bytes, receives
+first), the order of its waits, and the bytes it reduced.  :func:`replayer` then
+plays each rank's record on the simulated transport
+(:class:`colltutor.transports.simgrid.SimTransport`), the same calls in the same
+order as the algorithm itself would make, so the simulated times are the same,
+without torch or :class:`colltutor.p2p.Comm` in the loop.  A record depends on
+neither the topology nor the semantics, so :func:`cached` keeps it on disk and a
+replay on another cluster skips the recording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pathlib
+import pickle
+import sys
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from colltutor import ops
+
+POST, WAIT, REDUCE = 0, 1, 2
+"""A record's entries: ``POST, sends, recvs, (peer, bytes) per receive then per
+send``; ``WAIT, handle`` (handles numbered in posting order, receives first);
+``REDUCE, bytes``."""
+
+PROGRESS_AFTER = 10.0
+"""Seconds of work after which recording and replaying print their progress."""
+
+
+class Polls(RuntimeError):
+    """The algorithm polls (``is_completed`` before waiting, ``recv_any``): what it
+    does depends on arrival times, so it cannot be recorded ahead."""
+
+
+class _Handle:
+    __slots__ = ("log", "number", "waited")
+
+    def __init__(self, log: array, number: int) -> None:
+        self.log, self.number, self.waited = log, number, False
+
+    def wait(self) -> None:
+        self.log.extend((WAIT, self.number))
+        self.waited = True
+
+    def is_completed(self) -> bool:
+        if not self.waited:
+            raise Polls("the algorithm tests a message before waiting for it")
+        return True
+
+
+class RecordingTransport:
+    """A transport whose messages complete at once and are written down."""
+
+    def __init__(self, rank: int, size: int, device: Any) -> None:
+        self.rank, self.size = rank, size
+        self.names, self.device = list(range(size)), device
+        self.log = array("q")
+        self.handles = 0
+
+    def post(self, sends: list, recvs: list) -> list[_Handle]:
+        log = self.log
+        log.extend((POST, len(sends), len(recvs)))
+        for peer, tensor in [*recvs, *sends]:
+            log.extend((peer, tensor.numel() * tensor.element_size()))
+        first, self.handles = self.handles, self.handles + len(sends) + len(recvs)
+        return [_Handle(log, n) for n in range(first, self.handles)]
+
+    def recv_any(self, tensor: Any) -> int:
+        raise Polls("the algorithm receives from any source")
+
+
+@contextlib.contextmanager
+def _reductions(into: list[array]) -> Iterator[None]:
+    """Every :func:`colltutor.ops.combine` written into ``into[0]`` instead of
+    computed (the tensors are meta tensors)."""
+    combine = ops.combine
+
+    def record(op: object, acc: Any, incoming: Any) -> None:
+        into[0].extend((REDUCE, acc.numel() * acc.element_size()))
+
+    ops.combine = record
+    try:
+        yield
+    finally:
+        ops.combine = combine
+
+
+def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]:
+    """Each rank's record: ``program(comm)`` run by rank after rank on a
+    :class:`RecordingTransport`.  Raises :class:`Polls` for an algorithm that
+    polls."""
+    from colltutor import p2p
+
+    logs: list[array] = []
+    current: list[array] = [array("q")]
+    start = last = time.perf_counter()
+    with _reductions(current):
+        for rank in range(size):
+            transport = RecordingTransport(rank, size, device)
+            current[0] = transport.log
+            program(p2p.Comm(transport=transport))
+            logs.append(transport.log)
+            now = time.perf_counter()
+            if now - start > PROGRESS_AFTER and (now - last > 5 or rank == size - 1):
+                last = now
+                print(f"recording the messages: rank {rank + 1}/{size}, "
+                      f"{now - start:.0f} s", file=sys.stderr, flush=True)
+    return logs
+
+
+class _Bytes:
+    """A message's size, standing for its tensor in a replay."""
+
+    __slots__ = ("n",)
+    is_meta = True
+    dtype = None
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 1
+
+
+def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
+    """A program for :func:`colltutor.transports.simgrid.run` that plays each
+    rank's record on its simulated transport; ``reductions``: charge the bytes
+    reduced (the topology's ``gamma``)."""
+    start = time.perf_counter()
+
+    def program(comm: Any) -> None:
+        transport = comm.transport
+        world, rank = transport.world, transport.rank
+        log, handles, i, n = logs[rank], [], 0, len(logs[rank])
+        post, owe = transport.post, world.owe
+        shown = start + PROGRESS_AFTER
+        while i < n:
+            kind = log[i]
+            if kind == WAIT:
+                handles[log[i + 1]].wait()
+                i += 2
+            elif kind == POST:
+                sends, recvs = log[i + 1], log[i + 2]
+                i += 3
+                incoming = [(log[j], _Bytes(log[j + 1]))
+                            for j in range(i, i + 2 * recvs, 2)]
+                i += 2 * recvs
+                outgoing = [(log[j], _Bytes(log[j + 1]))
+                            for j in range(i, i + 2 * sends, 2)]
+                i += 2 * sends
+                handles += post(outgoing, incoming)
+                if rank == 0 and time.perf_counter() > shown:
+                    shown = time.perf_counter() + 5
+                    print(f"replaying: rank 0 at {100 * i / n:.0f}% of its messages, "
+                          f"{shown - 5 - start:.0f} s", file=sys.stderr, flush=True)
+            else:
+                if reductions:
+                    owe(log[i + 1])
+                i += 2
+
+    return program
+
+
+def key(*parts: Any) -> str:
+    """A record's cache key: what its messages depend on (collective, algorithm,
+    bytes, dtype, ranks, ranks per node, root, op, options)."""
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:20]
+
+
+def cache_dir() -> pathlib.Path:
+    """Where records are kept: ``$COLLTUTOR_CACHE/schedules``, by default under
+    ``~/.cache/colltutor``."""
+    base = os.environ.get("COLLTUTOR_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "colltutor")
+    return pathlib.Path(base) / "schedules"
+
+
+def cached(directory: str, name: str | None, make: Callable[[], list[array]]
+           ) -> tuple[list[array], bool]:
+    """The record named ``name`` from the cache ``directory``, or ``make()``'s,
+    stored there (``name=None``: not cached).  Also whether it came from the
+    cache."""
+    if name is None:
+        return make(), False
+    path = pathlib.Path(directory) / f"{name}.pickle"
+    if path.exists():
+        try:
+            with path.open("rb") as f:
+                return pickle.load(f), True
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pass  # a broken file: record again
+    logs = make()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        with partial.open("wb") as f:
+            pickle.dump(logs, f, protocol=pickle.HIGHEST_PROTOCOL)
+        partial.replace(path)
+    except OSError:
+        pass  # no cache then
+    return logs, False
