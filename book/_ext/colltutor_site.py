@@ -141,8 +141,8 @@ article.bd-article table code, article.bd-article table .pre {
 /* The landing page's routes. */
 .colltutor-routes { display: grid; grid-template-columns: repeat(auto-fit,
   minmax(15em, 1fr)); gap: 1em; margin: 1em 0 1.5em; }
-.colltutor-routes > div { border: 1px solid #d0d7de; border-radius: 6px;
-  padding: 0.75em 1em; }
+.colltutor-routes > div.container { border: 1px solid #d0d7de; border-radius: 6px;
+  padding: 0.75em 1em; margin: 0; max-width: none; width: auto; }
 .colltutor-routes p { margin: 0.3em 0; }
 """
 
