@@ -282,7 +282,8 @@ _PERSON_JS = """() => {
     ? [`the page scrolls sideways: ${page.scrollWidth}px in ${page.clientWidth}px`]
     : [];
   for (const e of article.querySelectorAll('*')) {
-    if (e.offsetParent === null || e.closest('svg, mjx-container')) continue;
+    // inline math's box clips its glyphs' overhang by a few px: nothing is cut
+    if (e.offsetParent === null || e.closest('svg, mjx-container, span.math')) continue;
     const style = getComputedStyle(e);
     const hides = ['auto', 'scroll', 'hidden'].includes(style.overflowX);
     const r = e.getBoundingClientRect();

@@ -19,7 +19,8 @@ A page asks for an explorer with a directive::
 and a notebook output made by :func:`colltutor.explore.static_html` (the still
 picture with its note "In Jupyter it is live") is replaced on the website, as
 Sphinx reads the notebook, by the live explorer set to the same collective,
-algorithm and world size; the notebook file stays as it is.  The two scripts are
+algorithm and world size, and the code that drew the still picture is not shown;
+the notebook file stays as it is.  The two scripts are
 added only to pages that show an explorer.
 """
 
@@ -106,13 +107,20 @@ def live_notebook(text: str) -> str:
                 collective, algorithm, ranks = found.groups()
                 data.clear()
                 data["text/html"] = placeholder(collective, algorithm, int(ranks))
+                # the code that drew the still picture says so: not shown here
+                tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+                if "remove-input" not in tags:
+                    tags.append("remove-input")
                 changed = True
     return json.dumps(nb, ensure_ascii=False) if changed else text
 
 
 def read_source(app: Any, docname: str, source: list[str]) -> None:
     if str(app.env.doc2path(docname)).endswith(".ipynb"):
-        source[0] = live_notebook(source[0])
+        live = live_notebook(source[0])
+        if live is not source[0]:  # read again when this file changes
+            app.env.note_dependency(__file__)
+        source[0] = live
 
 
 class Explorer(SphinxDirective):

@@ -133,11 +133,16 @@ div.cell_output { max-width: 100%; overflow-x: auto; }
 article.bd-article div.highlight pre { white-space: pre-wrap;
   overflow-wrap: anywhere; }
 /* Wide tables wrap their cells (code in them too) to fit the column. */
-article.bd-article table { width: 100%; table-layout: auto; }
+article.bd-article table { width: 100%; max-width: 100%; table-layout: auto;
+  box-sizing: border-box; }
 article.bd-article table th, article.bd-article table td { white-space: normal;
   overflow-wrap: anywhere; hyphens: auto; }
 article.bd-article table code, article.bd-article table .pre {
   white-space: normal; overflow-wrap: anywhere; }
+/* API signatures with long defaults wrap instead of running past the column. */
+article.bd-article dt.sig, article.bd-article dt.sig span.pre,
+article.bd-article dt.sig .sig-param { white-space: normal;
+  overflow-wrap: anywhere; }
 /* The landing page's routes. */
 .colltutor-routes { display: grid; grid-template-columns: repeat(auto-fit,
   minmax(15em, 1fr)); gap: 1em; margin: 1em 0 1.5em; }
