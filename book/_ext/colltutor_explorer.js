@@ -87,7 +87,8 @@
     var cells = names.reduce(function (n, name) {
       return n + t.states[name][0][0].length; }, 0);
     var cw = cells > 10 ? 44 : 52, ch = 26, labelW = 62, gap = 18, top = 26;
-    var gridW = names.length ? labelW + cells * cw + gap * (names.length - 1) : 0;
+    var gridW = names.length ? Math.max(labelW + cells * cw + gap * (names.length - 1),
+                                        labelW + 200) + 10 : 0;  // room for titles
     var radius = 70 + 9 * size, circleW = 2 * radius + 70, circleH = 2 * radius + 90;
     var below = gridW + circleW > 780;
     var gridH = top + size * (ch + 6);
@@ -108,7 +109,9 @@
     names.forEach(function (name, b) {
       var rows = t.states[name][Math.min(k, t.rounds)];
       var n = rows[0].length;
-      el("text", {x: x0 + n * cw / 2, y: 16, "text-anchor": "middle",
+      var one = names.length === 1;
+      el("text", {x: one ? x0 : x0 + n * cw / 2, y: 16,
+                  "text-anchor": one ? "start" : "middle",
                   "font-size": FONT, "font-weight": "bold"}, svg,
          names.length > 1 ? name : (done ? "result" : "buffers as round " + (k + 1)
                                                        + " starts"));

@@ -139,6 +139,7 @@ article.bd-article table th, article.bd-article table td { white-space: normal;
   overflow-wrap: anywhere; hyphens: auto; }
 article.bd-article table code, article.bd-article table .pre {
   white-space: normal; overflow-wrap: anywhere; }
+article.bd-article table.indextable { table-layout: fixed; border-spacing: 0; }
 /* API signatures with long defaults wrap instead of running past the column. */
 article.bd-article dt.sig, article.bd-article dt.sig span.pre,
 article.bd-article dt.sig .sig-param { white-space: normal;
