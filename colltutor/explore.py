@@ -7,13 +7,19 @@ world size or count runs the algorithm for real on that many ranks
 round slider only redraws.  The static website cannot run ranks, so it shows
 :func:`static_html` instead: the same drawing for one setting, with a note that the
 explorer is live in Jupyter.
+
+The website's explorer runs in the browser instead: :func:`export` runs every
+algorithm of every collective on 2 to 8 ranks at build time and saves the traces as
+plain data (who sends which elements to whom in each round, and every rank's buffer
+as each round starts), and a small script on the page
+(``book/_ext/colltutor_explorer.js``) draws them.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from matplotlib.figure import Figure
 
@@ -124,3 +130,67 @@ def static_html(collective: str = "all_reduce", algorithm: str | None = None,
             f'<img alt="{collective} ({algorithm}) on {world_size} ranks" '
             f'src="data:image/png;base64,{data}"/>'
             f"<figcaption>{LIVE_NOTE}</figcaption></figure>")
+
+
+EXPORT_SIZES = tuple(range(2, 9))
+"""The world sizes the website's explorer offers."""
+
+
+def trace_data(trace: Trace) -> dict:
+    """``trace`` as plain JSON-able data for the website's explorer.
+
+    ``buffers``: the watched buffers' names; ``states[name][k][r]``: rank ``r``'s
+    buffer ``name`` as round ``k`` starts (``k == rounds``: at the end), values as
+    :func:`colltutor.trace.encode` makes them; ``messages``: ``[round, src, dst,
+    elements, buffer read, lo, hi, buffer written, lo, hi]`` (buffer -1 and
+    ``lo == hi == 0``: a scratch tensor, not a watched buffer).
+    """
+    names = list(trace.ranks[0].initial) if trace.ranks else []
+    index = {name: i for i, name in enumerate(names)}
+
+    def chunk(c: tuple | None) -> list[int]:
+        if not c or c[0] not in index:
+            return [-1, 0, 0]
+        return [index[c[0]], int(c[1]), int(c[2])]
+
+    states = {name: [[[int(v) for v in trace.state(r, k - 1, name)]
+                      for r in range(trace.size)] for k in range(trace.rounds + 1)]
+              for name in names}
+    return {"ranks": trace.size, "count": int(trace.meta.get("count", 0)),
+            "rounds": trace.rounds, "buffers": names, "states": states,
+            "messages": [[m.round, m.src, m.dst, m.numel, *chunk(m.src_chunk),
+                          *chunk(m.dst_chunk)] for m in trace.messages]}
+
+
+def export(sizes: Iterable[int] = EXPORT_SIZES, timeout: float = 120) -> dict:
+    """Every algorithm of every collective, run for real on each of ``sizes`` ranks
+    (one element per rank, root 0), as data for the website's explorer:
+    ``{"collectives": {name: [algorithm, ...]}, "sizes": [p, ...],
+    "traces": {"name/algorithm/p":
+    trace_data}, "skipped": {"name/algorithm/p": reason}}``.  An algorithm that
+    refuses a world size is skipped there, with the reason."""
+    from colltutor.trace import run_collectives
+
+    sizes = list(sizes)
+    cases = [(c, a) for c in COLLECTIVES for a in algorithms(c)]
+    out: dict = {"collectives": {c: algorithms(c) for c in COLLECTIVES},
+                 "sizes": sizes, "traces": {}, "skipped": {}}
+    for p in sizes:
+        try:
+            runs = run_collectives(p, [(c, a, p) for c, a in cases], timeout=timeout,
+                                   warmup=False)
+        except Exception:  # one algorithm refuses p: run them one by one
+            runs = []
+            for c, a in cases:
+                try:
+                    runs += run_collectives(p, [(c, a, p)], timeout=timeout,
+                                            warmup=False)
+                except Exception as error:
+                    runs.append(f"{type(error).__name__}: {error}"[:200])
+        for (c, a), run in zip(cases, runs):
+            key = f"{c}/{a}/{p}"
+            if isinstance(run, str):
+                out["skipped"][key] = run
+            else:
+                out["traces"][key] = trace_data(run)
+    return out

@@ -14,7 +14,15 @@ smaller than 10 px (the chapters' diagrams, drawn at build time, not smaller tha
 file names.  Figure text is measured where the browser drew it: an inline SVG's
 text by its computed size times the SVG's scale on screen; a PNG by the size of its
 smallest text that colltutor's pictures record in it (``colltutor:text-px``,
-:mod:`colltutor.draw`) times the scale the page shows the PNG at.
+:mod:`colltutor.draw`) times the scale the page shows the PNG at.  Every frame of
+every animation is measured the same way, by stepping through it.
+
+Read at 1400x900 (issue 37): the landing page, every chapter page and every
+notebook page that draws anything shows a figure in its first screen; chapter pages
+have at least one figure per three screens; no paragraph outside a folded block
+runs past about 100 words; nothing is wider than its column or hidden behind a
+scroll bar; and the explorer (``book/_ext/colltutor_explorer.py``) redraws when its
+controls are clicked.
 
 Needs the site (``jupyter-book build .``, after ``python tools/vendor_assets.py``),
 ``apt-get install chromium`` and the ``playwright`` Python package; skips, saying
@@ -27,6 +35,7 @@ import base64
 import functools
 import html.parser
 import http.server
+import json
 import re
 import shutil
 import subprocess
@@ -49,11 +58,20 @@ CHROMIUM_ARGS = [
 TIMEOUT_MS = 30_000
 # Pages screenshotted in full (the rest get only the visible window).
 FULL_SHOTS = {"book/index.html", "book/02_point_to_point.html",
-              "notebooks/01_ranks_groups_backends.html", "book/api.html"}
+              "notebooks/01_ranks_groups_backends.html"}
 SEARCH_WORD = "deadlock"
 CHAPTER = re.compile(r"book/\d\d_[^/]+\.html$")
+NOTEBOOK = re.compile(r"notebooks/[^/]+\.html$")
+LANDING = "book/index.html"
+PROSE = re.compile(r"book/(\d\d_[^/]+|index|instructor_guide)\.html$|notebooks/")
+"""Pages held to the short-paragraph rule: the landing page, the chapters, the
+instructor guide and the notebooks (not the reference pages)."""
 MIN_TEXT_PX = 10.0  # no figure's text smaller than this
 DIAGRAM_TEXT_PX = 14.0  # the chapters' diagrams: about the body text's 16 px
+VIEWPORT = {"width": 1400, "height": 900}
+SCREENS_PER_FIGURE = 3  # a chapter page has a figure at least every 3 screens
+MAX_WORDS = 110  # "paragraphs of at most about 100 words"
+FIRST_SCREEN_PX = 150  # this much of a figure (or all of a smaller one) in screen 1
 
 
 @dataclass
@@ -73,6 +91,12 @@ class PageReport:
     animations: int = 0
     animations_stepping: int = 0
     explorers: int = 0
+    explorer_dead: list[str] = field(default_factory=list)
+    first_screen_figure: str = ""
+    screens: float = 0.0
+    long_paragraphs: list[str] = field(default_factory=list)
+    overflow: list[str] = field(default_factory=list)
+    frames_measured: int = 0
     links: list[str] = field(default_factory=list)
     nbval_markers: list[str] = field(default_factory=list)
     wide_outputs: list[str] = field(default_factory=list)
@@ -121,6 +145,16 @@ def _ids(path: Path) -> frozenset[str]:
     return frozenset(parser.ids)
 
 
+def _settle(page) -> None:
+    """Wait until the network is quiet; on a loaded machine Chromium sometimes never
+    reports it, so go on after the timeout (a request that failed is still reported
+    by the page's handlers, and a missing image by ``broken_images``)."""
+    try:
+        page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
+    except Exception:
+        page.wait_for_timeout(1000)
+
+
 def _visit(page, base: str, path: str) -> PageReport:
     report = PageReport(path)
     page.on("console", lambda m: report.console_errors.append(m.text)
@@ -132,7 +166,7 @@ def _visit(page, base: str, path: str) -> PageReport:
         f"{r.url} (HTTP {r.status})") if r.status >= 400 else None)
     response = page.goto(f"{base}/{path}", wait_until="load", timeout=TIMEOUT_MS)
     report.status = response.status if response else None
-    page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
+    _settle(page)
 
     report.math_elements = page.locator(".math, div.amsmath").count()
     if report.math_elements:
@@ -158,7 +192,8 @@ def _visit(page, base: str, path: str) -> PageReport:
             "() => document.querySelectorAll('.jupyter-widgets-view, .widget-tab')"
             ".length")
 
-    # Animations play without a kernel: stepping forward shows another frame.
+    # Animations play without a kernel: stepping forward shows another frame.  Every
+    # frame's text is measured as the page shows it.
     players = page.locator("div.animation")
     report.animations = players.count()
     for i in range(report.animations):
@@ -170,13 +205,12 @@ def _visit(page, base: str, path: str) -> PageReport:
         if frame.get_attribute("src") != before and frame.evaluate(
                 "i => i.complete && i.naturalWidth > 0"):
             report.animations_stepping += 1
-    # The explorer's static rendering says that it is live in Jupyter.
-    report.explorers = page.locator(
-        "figure.colltutor-explorer:has(img):has-text('Jupyter')").count()
+        _measure_frames(player, base, report, i)
+    _explore(page, report)
 
     # Scroll through the page so that lazily loaded images load, then check them.
     page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
-    page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
+    _settle(page)
     report.broken_images = page.evaluate(
         "() => [...document.images].filter(i => !(i.complete && i.naturalWidth > 0))"
         ".map(i => i.currentSrc || i.src)")
@@ -185,7 +219,8 @@ def _visit(page, base: str, path: str) -> PageReport:
     _read_as_a_person(page, base, report)
     page.evaluate("window.scrollTo(0, 0)")
     name = path.replace("/", "__").removesuffix(".html") + ".png"
-    page.screenshot(path=str(SHOTS / name), full_page=path in FULL_SHOTS)
+    page.screenshot(path=str(SHOTS / name), full_page=path in FULL_SHOTS,
+                    timeout=4 * TIMEOUT_MS)
     return report
 
 
@@ -222,8 +257,119 @@ _PERSON_JS = """() => {
   const names = [...article.querySelectorAll('a[href]')]
     .filter(a => a.host === location.host && /\\.(ipynb|md)$/.test(a.innerText.trim()))
     .map(a => a.innerText.trim());
-  return {nbval, wide, figures, svgs, images, prompts, names};
-}"""
+  // Issue 37: the first screen, figures per screen, paragraph length, overflow.
+  const screen = window.innerHeight;
+  const box = e => { const r = e.getBoundingClientRect();
+    return {top: r.top + window.scrollY, height: r.height, width: r.width}; };
+  const drawn = [...article.querySelectorAll(
+      'figure:has(svg, img), div.cell_output img, svg.colltutor-svg, div.animation')]
+    .filter(e => e.offsetParent !== null || e.tagName.toLowerCase() === 'svg')
+    .map(e => ({e, b: box(e)})).filter(({b}) => b.width >= 100 && b.height >= 60);
+  const first = drawn.find(({b}) => b.top + Math.min(b.height, FIRST_PX) <= screen);
+  const firstScreen = first ? `${first.e.tagName.toLowerCase()} at ${
+    Math.round(first.b.top)} px` : '';
+  const articleBox = box(article);
+  const screens = (articleBox.top + articleBox.height) / screen;
+  const folded = 'details, .dropdown, .toggle, table, pre, div.cell_output, '
+    + 'figcaption, nav, dl.py, footer, .colltutor-explorer';
+  const long = [...article.querySelectorAll('p')]
+    .filter(p => p.offsetParent !== null && !p.closest(folded))
+    .map(p => (p.innerText || '').trim().split(/\\s+/).filter(w => w))
+    .filter(w => w.length > MAX_WORDS)
+    .map(w => `${w.length} words: ${w.slice(0, 8).join(' ')} ...`);
+  const page = document.documentElement;
+  const overflow = page.scrollWidth > page.clientWidth + 1
+    ? [`the page scrolls sideways: ${page.scrollWidth}px in ${page.clientWidth}px`]
+    : [];
+  for (const e of article.querySelectorAll('*')) {
+    // inline math's box clips its glyphs' overhang by a few px: nothing is cut
+    if (e.offsetParent === null || e.closest('svg, mjx-container, span.math')) continue;
+    const style = getComputedStyle(e);
+    const hides = ['auto', 'scroll', 'hidden'].includes(style.overflowX);
+    const r = e.getBoundingClientRect();
+    if (hides && e.scrollWidth > e.clientWidth + 1) {
+      overflow.push(`${e.tagName.toLowerCase()}.${e.classList[0] || ''} hides `
+        + `${e.scrollWidth - e.clientWidth}px: ${short(e)}`);
+    } else if (r.width > 0 && r.right > right + 1
+               && !e.parentElement.closest('[style*=overflow], .cell_output')) {
+      overflow.push(`${e.tagName.toLowerCase()}.${e.classList[0] || ''} runs `
+        + `${Math.round(r.right - right)}px past the column: ${short(e)}`);
+    }
+  }
+  return {nbval, wide, figures, svgs, images, prompts, names, firstScreen, screens,
+          long, overflow: overflow.slice(0, 8)};
+}""".replace("FIRST_PX", str(FIRST_SCREEN_PX)).replace("MAX_WORDS", str(MAX_WORDS))
+
+
+def _measure_frames(player, base: str, report: PageReport, index: int) -> None:
+    """Step through every frame of one animation player, measuring each frame's
+    recorded text size times the scale it is shown at."""
+    frames = int(player.locator("input[type=range]").first.get_attribute("max") or 0)
+    player.locator("button[title='First frame']").first.click()
+    frame = player.locator("img").first
+    seen: set[str] = set()
+    for k in range(frames + 1):
+        src, scale = frame.evaluate(
+            "i => [i.currentSrc || i.src,"
+            " i.getBoundingClientRect().width / Math.max(i.naturalWidth, 1)]")
+        if src not in seen:
+            seen.add(src)
+            px = _png_text_px(_image_bytes(src, base))
+            report.frames_measured += 1
+            if px is None:
+                report.unmeasured_images.append(f"animation {index} frame {k}")
+            elif px * scale < MIN_TEXT_PX:
+                report.small_text.append(
+                    f"animation {index} frame {k}: {px * scale:.1f} px "
+                    f"({px:.1f} px shown at {scale:.2f}x)")
+        if k < frames:
+            player.locator("button[title='Next frame']").first.click()
+
+
+_SHOWN = """r => [r.dataset.shown || '', (r.querySelector('svg') || {}).outerHTML || '',
+  (r.querySelector('figcaption') || {}).textContent || '']"""
+
+
+def _explore(page, report: PageReport) -> None:
+    """Use every control of every explorer on the page; a control that does not
+    change what the explorer shows is reported in ``explorer_dead``."""
+    roots = page.locator("div.colltutor-explorer")
+    report.explorers = roots.count()
+    for i in range(report.explorers):
+        _use_explorer(roots.nth(i), i, report)
+
+
+def _use_explorer(root, i: int, report: PageReport) -> None:
+    root.scroll_into_view_if_needed(timeout=TIMEOUT_MS)
+    try:
+        root.locator("svg").first.wait_for(timeout=TIMEOUT_MS)
+    except Exception:
+        report.explorer_dead.append(f"explorer {i}: nothing drawn")
+        return
+    shown = root.evaluate(_SHOWN)
+
+    def pick(name: str) -> None:  # another option of a <select>, as a reader would
+        select = root.locator(f"select[name={name}]")
+        select.select_option(select.evaluate(
+            "s => [...s.options].map(o => o.value).find(v => v !== s.value) || ''"))
+
+    actions = [
+        ("next", lambda: root.locator("button[name=next]").click()),
+        ("back", lambda: root.locator("button[name=back]").click()),
+        ("end", lambda: root.locator("button[name=last]").click()),
+        ("ranks", lambda: pick("ranks")),
+        ("algorithm", lambda: pick("algorithm")),
+        ("collective", lambda: pick("collective")),
+    ]
+    for name, act in actions:
+        act()
+        now = root.evaluate(_SHOWN)
+        if now[0] == shown[0] or now[1] == shown[1] or now[2] == shown[2]:
+            report.explorer_dead.append(
+                f"explorer {i}: '{name}' left {shown[0]!r} as it was")
+        if not now[1].startswith("<svg"):
+            report.explorer_dead.append(f"explorer {i}: '{name}' drew no SVG")
+        shown = now
 
 
 def _png_text_px(data: bytes) -> float | None:
@@ -256,6 +402,10 @@ def _read_as_a_person(page, base: str, report: PageReport) -> None:
     report.figures = seen["figures"]
     report.code_prompts = seen["prompts"]
     report.file_name_links = seen["names"]
+    report.first_screen_figure = seen["firstScreen"]
+    report.screens = seen["screens"]
+    report.long_paragraphs = seen["long"] if PROSE.search(report.path) else []
+    report.overflow = seen["overflow"]
     least = DIAGRAM_TEXT_PX if CHAPTER.search(report.path) else MIN_TEXT_PX
     for svg in seen["svgs"]:
         if svg["px"] < least:
@@ -313,7 +463,7 @@ def site() -> SiteReport:
             browser = pw.chromium.launch(
                 executable_path=CHROMIUM if Path(CHROMIUM).exists()
                 else shutil.which("chromium"), args=CHROMIUM_ARGS, headless=True)
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context = browser.new_context(viewport=VIEWPORT)
             context.route("**/*", gate)
             pages = {}
             for path in _pages():
@@ -377,8 +527,15 @@ def test_animations_play_without_a_kernel(site: SiteReport) -> None:
     assert not failures, failures
 
 
-def test_the_explorer_is_rendered_statically(site: SiteReport) -> None:
-    assert sum(r.explorers for r in site.pages.values()) >= 1
+def test_the_explorer_answers_its_controls(site: SiteReport) -> None:
+    """Clicking next, back and end and picking other ranks, another algorithm and
+    another collective each changes what the explorer shows; it runs on the landing
+    page and where the notebooks showed its still picture."""
+    with_explorer = sorted(p for p, r in site.pages.items() if r.explorers)
+    assert LANDING in with_explorer, with_explorer
+    assert "notebooks/06_all_reduce.html" in with_explorer, with_explorer
+    failures = _failures(site, lambda r: r.explorer_dead)
+    assert not failures, failures
 
 
 def test_widgets_are_drawn(site: SiteReport) -> None:
@@ -428,6 +585,49 @@ def test_every_chapter_page_has_a_figure(site: SiteReport) -> None:
     assert len(chapters) >= 11, chapters
     missing = [path for path in chapters if site.pages[path].figures < 1]
     assert not missing, f"chapter pages without a figure: {missing}"
+
+
+def test_a_figure_in_the_first_screen(site: SiteReport) -> None:
+    """The landing page, every chapter page and every notebook page that draws
+    anything show a figure in their first 1400x900 screen."""
+    assert LANDING in site.pages
+    pages = [p for p, r in site.pages.items()
+             if p == LANDING or CHAPTER.search(p) or (NOTEBOOK.search(p) and r.figures)]
+    assert len(pages) >= 25, pages
+    missing = [p for p in pages if not site.pages[p].first_screen_figure]
+    assert not missing, f"no figure in the first screen: {missing}"
+
+
+def test_chapter_pages_have_a_figure_every_three_screens(site: SiteReport) -> None:
+    chapters = {p: r for p, r in site.pages.items() if CHAPTER.search(p)}
+    assert chapters
+    failures = [f"{p}: {r.figures} figures in {r.screens:.1f} screens"
+                for p, r in chapters.items()
+                if r.figures * SCREENS_PER_FIGURE < r.screens]
+    assert not failures, "\n  ".join(["", *failures])
+
+
+def test_paragraphs_are_short(site: SiteReport) -> None:
+    """Outside folded blocks (dropdowns, solutions), code, tables and outputs, no
+    paragraph runs past about 100 words."""
+    assert any(PROSE.search(p) for p in site.pages)
+    failures = _failures(site, lambda r: r.long_paragraphs)
+    assert not failures, failures
+
+
+def test_nothing_runs_past_its_column(site: SiteReport) -> None:
+    """No page scrolls sideways, and nothing in a page's column is cut or hidden
+    behind a scroll bar: tables, code and outputs wrap."""
+    failures = _failures(site, lambda r: r.overflow)
+    assert not failures, failures
+
+
+def test_animation_frames_are_measured(site: SiteReport) -> None:
+    """Every animation's frames went through the text-size measurement
+    (test_figure_text_is_legible fails on any that is too small)."""
+    players = sum(r.animations for r in site.pages.values())
+    assert players, "no animation on the site"
+    assert sum(r.frames_measured for r in site.pages.values()) > players
 
 
 def test_figure_text_is_legible(site: SiteReport) -> None:
@@ -556,3 +756,48 @@ def test_unknown_citation_fails_the_strict_build(tmp_path: Path, key: str) -> No
     else:
         assert done.returncode != 0, "an unknown citation key did not fail the -W build"
         assert key in done.stderr, done.stderr[-2000:]
+
+
+# --- The explorer's data and its place on the site ------------------------------------
+
+def test_explorer_data_comes_from_real_runs() -> None:
+    """:func:`colltutor.explore.export` runs every algorithm; its data says what the
+    trace says: the rounds, every message, every buffer as each round starts."""
+    from colltutor import explore, trace
+
+    data = explore.export(sizes=[3])
+    assert data["skipped"] == {}
+    expected = {f"{c}/{a}/3" for c in trace.COLLECTIVES for a in trace.algorithms(c)}
+    assert set(data["traces"]) == expected
+    run = trace.run_collective("all_reduce", 3, "ring", warmup=False)
+    saved = data["traces"]["all_reduce/ring/3"]
+    assert saved["rounds"] == run.rounds == 4
+    assert len(saved["messages"]) == len(run.messages) == 12
+    assert [m[:3] for m in saved["messages"]] == [
+        [m.round, m.src, m.dst] for m in run.messages]
+    start, end = saved["states"]["buf"][0], saved["states"]["buf"][-1]
+    assert start == [[trace.encode(r, i) for i in range(3)] for r in range(3)]
+    everyone = sum(trace.encode(r, 0) for r in range(3))
+    assert trace.decode(end[0][0]) == (frozenset({0, 1, 2}), 0)
+    assert end[0][0] == everyone
+    assert all(row == end[0] for row in end)
+
+
+def test_the_still_explorer_becomes_live_on_the_site() -> None:
+    """The notebook output of ``explore.static_html`` is replaced, on the site only,
+    by the live explorer with the same setting."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        import colltutor_explorer
+    finally:
+        sys.path.pop(0)
+    text = (ROOT / "notebooks" / "06_all_reduce.ipynb").read_text(encoding="utf-8")
+    still = '<figure class="colltutor-explorer"><img'
+    assert still in text.replace('\\"', '"')
+    live = colltutor_explorer.live_notebook(text)
+    assert still not in live.replace('\\"', '"')
+    live = json.dumps(json.loads(live))  # one way of writing quotes, as above
+    live = live.replace('\\"', '"')
+    assert ('<div class="colltutor-explorer" data-collective="all_reduce" '
+            'data-algorithm="ring" data-ranks="4"') in live
+    assert colltutor_explorer.live_notebook("not a notebook") == "not a notebook"

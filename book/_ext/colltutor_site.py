@@ -22,7 +22,13 @@ stay as they are), :func:`clean_notebook` drops nbval's marker comments
 cells tagged ``solution`` "Show solution" instead of "Show code cell source", and
 turns a link whose text is its own target (``[06_exercises.ipynb](06_exercises.ipynb)``)
 into one that shows the target's title.  ``colltutor-site.css`` wraps long
-outputs inside their column instead of letting them run off its edge.
+outputs, code lines and wide tables inside their column instead of letting them run
+off its edge or hide behind a scroll bar.
+
+Exercises are numbered by chapter, as the exercise notebooks number theirs: the
+k-th exercise on Chapter 6's page is "Exercise 6.k", wherever it is shown or
+referred to (:func:`number_exercises` replaces sphinx-exercise's running count,
+which went on across chapters, before the pages are written).
 """
 
 from __future__ import annotations
@@ -98,11 +104,52 @@ def read_source(app: Any, docname: str, source: list[str]) -> None:
         source[0] = clean_notebook(source[0])
 
 
+CHAPTER_DOC = re.compile(r"^book/(\d\d)_")
+
+
+def number_exercises(app: Any, env: Any) -> list[str]:
+    """Renumber each chapter page's exercises ``(chapter, k)`` (see the module
+    docstring); return the pages whose numbers changed, to be written again."""
+    changed = []
+    for docname, kinds in getattr(env, "toc_fignumbers", {}).items():
+        found = CHAPTER_DOC.match(docname)
+        if not found or not kinds.get("exercise"):
+            continue
+        numbers = kinds["exercise"]
+        order = sorted(numbers, key=lambda ident: tuple(numbers[ident]))
+        new = {ident: (int(found.group(1)), k + 1) for k, ident in enumerate(order)}
+        if new != numbers:
+            kinds["exercise"] = new
+            changed.append(docname)
+    return changed
+
+
 CSS = """
-/* Long outputs wrap inside their column instead of running off its edge. */
+/* Long outputs and code lines wrap inside their column instead of running off its
+   edge or hiding behind a scroll bar. */
 div.cell_output pre, div.cell_output .output pre, div.output pre {
   white-space: pre-wrap; overflow-wrap: anywhere; }
 div.cell_output { max-width: 100%; overflow-x: auto; }
+article.bd-article div.highlight pre { white-space: pre-wrap;
+  overflow-wrap: anywhere; }
+/* Wide tables wrap their cells (code in them too) to fit the column. */
+article.bd-article table { width: 100%; max-width: 100%; table-layout: auto;
+  box-sizing: border-box; }
+article.bd-article table th, article.bd-article table td { white-space: normal;
+  overflow-wrap: anywhere; hyphens: auto; }
+article.bd-article table code, article.bd-article table .pre {
+  white-space: normal; overflow-wrap: anywhere; }
+article.bd-article table.indextable { table-layout: fixed; border-spacing: 0; }
+/* API signatures with long defaults wrap instead of running past the column. */
+article.bd-article dt.sig, article.bd-article dt.sig span.pre,
+article.bd-article dt.sig .sig-param { white-space: normal;
+  overflow-wrap: anywhere; }
+/* The landing page's routes. */
+.colltutor-routes { display: grid; grid-template-columns: repeat(auto-fit,
+  minmax(15em, 1fr)); gap: 1em; margin: 1em 0 1.5em; }
+.colltutor-routes > div.container { border: 1px solid #d0d7de; border-radius: 6px;
+  padding: 0.75em 1em; margin: 0; max-width: none; width: auto; }
+.colltutor-routes p { margin: 0.3em 0; }
 """
 
 
@@ -117,5 +164,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("html-page-context", fix_scripts, priority=900)
     app.connect("source-read", read_source)
     app.connect("builder-inited", add_css)
+    app.connect("env-get-updated", number_exercises, priority=900)
     app.add_css_file("colltutor-site.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
