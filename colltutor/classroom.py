@@ -48,6 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTION, STUB, HIDE = "solution", "stub", "hide-input"
 
+ON_THE_PAGE = 3
+"""Exercises each chapter page asks first (Exercise C.1 to C.3 in the book); its
+exercise notebook continues the count, so that each number names one exercise."""
+
 TITLES = {
     "03_exercises": ("3", "Broadcast and Reduce"),
     "04_exercises": ("4", "Scatter and Gather"),
@@ -218,7 +222,7 @@ def exercise_notebook(chapter: str) -> dict:
             "try first, then click to compare."),
         _code(SETUP),
     ]
-    for k, ex in enumerate(mine, 1):
+    for k, ex in enumerate(mine, ON_THE_PAGE + 1):
         signature = SIGNATURES[ex.collective]
         cells += [
             _md(f"## Exercise {number}.{k}: `{ex.function}`\n\n{ex.task}\n\n"

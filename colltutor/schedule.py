@@ -31,9 +31,9 @@ from typing import Any
 from colltutor import ops
 
 POST, WAIT, REDUCE = 0, 1, 2
-"""A record's entries: ``POST, sends, recvs, (peer, bytes) per receive then per
-send``; ``WAIT, handle`` (handles numbered in posting order, receives first);
-``REDUCE, bytes``."""
+"""The kinds of a record's entries.  ``POST, sends, recvs``, then ``(peer,
+bytes)`` per receive and per send; ``WAIT, handle`` (handles numbered in posting
+order, receives first); ``REDUCE, bytes``."""
 
 PROGRESS_AFTER = 10.0
 """Seconds of work after which recording and replaying print their progress."""

@@ -74,8 +74,8 @@ class Result:
     correct: bool | None = None
     """With real tensors, whether every rank holds what the collective promises."""
     semantics: str = "lockstep"
-    """When a send was done for its sender: ``"lockstep"`` or ``"fifo"``
-    (:class:`colltutor.transports.simgrid.World`)."""
+    """``"lockstep"`` or ``"fifo"``, which says when a send was done for its
+    sender (:class:`colltutor.transports.simgrid.World`)."""
     engine: str = "actors"
     """``"actors"``: the algorithm ran inside the simulation; ``"replay"``: its
     recorded messages were replayed (:mod:`colltutor.schedule`); ``"replay

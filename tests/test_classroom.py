@@ -134,3 +134,13 @@ def test_student_edition_runs_and_the_check_points_at_the_stub(built: Path) -> N
                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "FAILED dissemination_barrier as barrier" in text
     assert "raised NotImplementedError: dissemination_barrier: write it" in text
+
+
+def test_exercise_notebooks_number_on_from_their_chapter_page() -> None:
+    """Exercise C.k is one exercise: the page asks C.1 to C.3, its notebook goes on."""
+    for chapter, (number, _) in classroom.TITLES.items():
+        page = next((ROOT / "book").glob(f"0{number}_*.md")).read_text()
+        assert page.count("{exercise}") == classroom.ON_THE_PAGE, chapter
+        first = classroom.exercise_notebook(chapter)["cells"][2]
+        assert classroom.source(first).startswith(
+            f"## Exercise {number}.{classroom.ON_THE_PAGE + 1}:")

@@ -51,7 +51,7 @@ def _rank_body() -> dict:
     torch.manual_seed(1)
     data, target = torch.randn(6 * p, 8), torch.randn(6 * p, 4)
     mine = slice(6 * rank, 6 * rank + 6)
-    # DDP: gloo, the colltutor backend's ring, the Exercise 6.1 solution's ring
+    # DDP: gloo, the colltutor backend's ring, the Exercise 6.4 solution's ring
     group = dist.new_group(backend="colltutor")
     for name, pg, algorithm in (("gloo", None, None), ("ring", group, "ring"),
                                 ("exercise", group, ring_all_reduce)):

@@ -222,7 +222,7 @@ class World:
     ``semantics``: when a send is done for its sender.  ``"lockstep"``: when it has
     arrived (a step ends when all its messages have).  ``"fifo"``: NCCL's, when it
     is in the receiver's FIFO, blocking only while :data:`NCCL_STEPS` chunks to
-    that peer are unconsumed (:class:`_Credit`); messages are then eager."""
+    that peer are unconsumed (a ``_Credit``); messages are then eager."""
 
     def __init__(self, sg: Any, size: int, speed: float, overhead: float = 0.0,
                  eager: bool = False, semantics: str = "lockstep") -> None:
