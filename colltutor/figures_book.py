@@ -474,8 +474,8 @@ def training_collectives(fontsize: float = 12.0) -> list[Figure]:
         t = run(name, None, 4)
         if name == "reduce_scatter":
             t = _only_own_block(t)
-        # at 10 points two panels share a row of the text column
-        figures.append(draw.steps(t, fontsize=draw.MIN_FONT, ends=True,
+        # at 11 points (above the chapters' 14 px) panels share rows
+        figures.append(draw.steps(t, fontsize=fontsize - 1, ends=True,
                                   legend=False))
     return figures
 
@@ -483,10 +483,10 @@ def training_collectives(fontsize: float = 12.0) -> list[Figure]:
 def gather_and_scatter_ends(fontsize: float = 12.0) -> list[Figure]:
     """Chapter 5: all-gather and reduce-scatter, before and after, the
     reduce-scatter's result only (block r of rank r)."""
-    return [draw.steps(run("all_gather", None, 4), fontsize=draw.MIN_FONT,
+    return [draw.steps(run("all_gather", None, 4), fontsize=fontsize - 1,
                        ends=True, legend=False),
             draw.steps(_only_own_block(run("reduce_scatter", None, 4)),
-                       fontsize=draw.MIN_FONT, ends=True, legend=False)]
+                       fontsize=fontsize - 1, ends=True, legend=False)]
 
 
 def _only_own_block(t: Trace) -> Trace:
@@ -540,7 +540,7 @@ def groups(fontsize: float = 12.0) -> list[Figure]:
         row = next(g for g in rows if r in g)
         col = next(g for g in cols if r in g)
         ax.text(x, y - 0.55, f"row rank {row.index(r)}\ncolumn rank {col.index(r)}",
-                ha="center", va="center", fontsize=fontsize - 2)
+                ha="center", va="center", fontsize=fontsize - 1)
     return [fig]
 
 
@@ -570,7 +570,7 @@ def launch(fontsize: float = 12.0) -> list[Figure]:
             x = x0 + 0.62 + i * 1.12
             _rank(ax, x, 1.75, r, fontsize + 1, 0.36)
             ax.text(x, 1.02, f"RANK={r}\nLOCAL={i}", ha="center", va="center",
-                    fontsize=fontsize - 2)
+                    fontsize=fontsize - 1)
             _arrow(ax, (x, 2.11), (store[0] + (x - 5.0) * 0.3, 3.45), "#999999",
                    shrink=2, width=1.0)
     return [fig]

@@ -29,6 +29,10 @@ Exercises are numbered by chapter, as the exercise notebooks number theirs: the
 k-th exercise on Chapter 6's page is "Exercise 6.k", wherever it is shown or
 referred to (:func:`number_exercises` replaces sphinx-exercise's running count,
 which went on across chapters, before the pages are written).
+
+A notebook's page opens with the first figure the notebook draws
+(:func:`lead_figure`): a copy of it, placed after the page's first paragraph, so
+that the first screen shows what the page is about.  The notebook is unchanged.
 """
 
 from __future__ import annotations
@@ -153,6 +157,34 @@ article.bd-article dt.sig .sig-param { white-space: normal;
 """
 
 
+def lead_figure(app: Any, doctree: Any, docname: str) -> None:
+    """Put a copy of a notebook page's first drawn output after its first
+    paragraph, captioned as what the notebook draws below."""
+    from docutils import nodes
+
+    if not docname.startswith("notebooks/"):
+        return
+    images = [n for n in doctree.findall(nodes.image)
+              if any("cell_output" in a.get("classes", []) for a in _ancestors(n))]
+    section = next(iter(doctree.findall(nodes.section)), None)
+    first = next((n for n in section.children if isinstance(n, nodes.paragraph)),
+                 None) if section is not None else None
+    if not images or first is None or images[0].parent is first.parent:
+        return
+    figure = nodes.figure("", images[0].deepcopy(), classes=["colltutor-lead"],
+                          ids=["colltutor-lead-figure"])  # unnumbered
+    figure += nodes.caption("", "Drawn by this notebook's code, further down.")
+    section.insert(section.index(first) + 1, figure)
+
+
+def _ancestors(node: Any) -> list[Any]:
+    found = []
+    while node.parent is not None:
+        node = node.parent
+        found.append(node)
+    return found
+
+
 def add_css(app: Any) -> None:
     out = Path(app.outdir) / "_static" / "colltutor-site.css"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -165,5 +197,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", read_source)
     app.connect("builder-inited", add_css)
     app.connect("env-get-updated", number_exercises, priority=900)
+    app.connect("doctree-resolved", lead_figure)
     app.add_css_file("colltutor-site.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
