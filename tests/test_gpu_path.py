@@ -285,3 +285,16 @@ def test_two_threads_posting_on_one_communicator_at_once_are_refused() -> None:
         post.join()
     assert seen[0][0] == "RuntimeError" and "two threads" in seen[0][1]
     assert nccl_rules._queue(group, lambda: None, []).done.wait(5)  # one at a time
+
+
+def test_a_colltutor_group_s_barrier_blocks_the_host_as_nccl_s(monkeypatch) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(api, "synchronize", lambda: synced.append(1))
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result([])
+    work = backend.Work(done)
+    work.wait()
+    assert synced == []  # a collective's wait only orders the caller's stream
+    work.blocking = True  # what ProcessGroup.barrier hands back
+    work.wait()
+    assert synced == [1]
