@@ -83,7 +83,9 @@ torch-suite: setup
 # CPU (colltutor/transports/nccl_rules.py): what a multi-GPU run would do.  Not
 # rerun: the notebooks the rules cannot change, which start no NCCL ranks (11 and 12
 # run only simulations; 13_ddp and 13_zero3 run on gloo on purpose, as they say).
-SAME_UNDER_NCCL := 11_what_nccl_runs 12_at_a_thousand_gpus 13_ddp 13_zero3
+# 08_barrier's straggler cell prints where each rank waits when the timeout hits;
+# under the rules that depends on when gloo completes a send nobody receives.
+SAME_UNDER_NCCL := 08_barrier 11_what_nccl_runs 12_at_a_thousand_gpus 13_ddp 13_zero3
 
 test-nccl-rules: setup
 	COLLTUTOR_EMULATE=nccl $(BIN)/pytest -q -p no:cacheprovider \
