@@ -21,10 +21,15 @@ from colltutor.transports import nccl_rules
 
 OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
 
+SAMPLE = 3 if nccl_rules.requested() else 1
+"""gloo runs every case.  NCCL's rules (where a tensor lives, stream order) depend
+on the function and the algorithm, not on the count or dtype, so under their
+emulation one case in three runs: every function x algorithm still runs several."""
+
 
 @pytest.mark.parametrize("p", range(1, 9))
 def test_matrix_matches_torch_distributed(p: int) -> None:
-    reports = colltutor.run(_rank_main, p, 1, "cpu", timeout=600)
+    reports = colltutor.run(_rank_main, p, SAMPLE, "cpu", timeout=600)
     failures = [f for r in reports for f in r["failures"]]
     assert not failures, f"{len(failures)} mismatches, first:\n" + "\n".join(
         failures[:20]
@@ -32,10 +37,11 @@ def test_matrix_matches_torch_distributed(p: int) -> None:
     # gloo runs every native case; under NCCL's rules (COLLTUTOR_EMULATE=nccl) the
     # bitwise ones are refused by the oracle, and only those are skipped
     refused = nccl_rules.requested()
-    whole = [case[4] in ops.BITWISE and refused for case in plan(p)]
-    # ranks 1..p-1 are in a subgroup too (sampled one case in 7)
+    whole = [case[4] in ops.BITWISE and refused for i, case in enumerate(plan(p))
+             if i % SAMPLE == 0]
+    # ranks 1..p-1 are in a subgroup too (sampled one case in 7 more)
     sub = [case[4] in ops.BITWISE and refused for i, case in enumerate(plan(p - 1))
-           if i % 7 == 0] if p >= 3 else []
+           if i % (7 * SAMPLE) == 0] if p >= 3 else []
     assert [r["skipped"] for r in reports] == [sum(whole)] + [
         sum(whole) + sum(sub)] * (p - 1)
     assert reports[-1]["cases"] == len(whole) - sum(whole) + len(sub) - sum(sub)
