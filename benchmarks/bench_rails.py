@@ -7,7 +7,8 @@ send semantics: the flat single-channel ``ring`` (every node boundary on one
 NIC), ``multi_channel_ring`` with 8 channels (rail-matched: channel c on NIC c),
 NCCL's tree (``nccl_tree``, 2 channels and 16) and the textbook
 ``double_binary_tree``.  NVIDIA quotes up to about 396 GB/s for a ring on 2-4
-HGX-H100 nodes (NVIDIA/nccl-tests issue 319).
+HGX-H100 nodes (NVIDIA/nccl-tests issue 319).  A run at 1 GiB on 2 and 4 nodes is
+in ``benchmarks/results/bench_rails_1g.txt`` (about 8 minutes on 2 cores).
 """
 
 from __future__ import annotations

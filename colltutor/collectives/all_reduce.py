@@ -280,7 +280,9 @@ def up_and_down(comm: Comm, trees: list[tuple[double_tree.Node, list[torch.Tenso
                 heights: list[int], op: object) -> None:
     """Reduce every tree's chunks up to its root and broadcast them back down,
     chunk j + 1 a tick behind chunk j, all trees in the same ticks (``heights``:
-    each tree's height); one step a tick (NCCL's ``runTreeSplit``)."""
+    each tree's height); one step a tick, so that the reduce of one chunk overlaps
+    the broadcast of another (NCCL's ``runTreeSplit``, ``src/device/all_reduce.h``,
+    where the two halves are separate groups of threads)."""
     fan_in = sum(len(node.down) for node, _ in trees)
     most = max((c.numel() for _, chunk in trees for c in chunk[:1]), default=0)
     slots = comm.scratch(fan_in * most, trees[0][1][0]) if trees else None
