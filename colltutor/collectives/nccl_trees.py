@@ -142,9 +142,9 @@ def counts(p: int, n: int, s: int, channels: int = 2) -> PerRank:
 
 def terms(p: int, n: float) -> tuple[float, float, float]:
     """``2 h + k - 1`` ticks (``h``: the trees' height, ``k``: chunks of ``n/2``);
-    in each, a rank of both chains sends four chunks of ``n/2k`` and reduces
-    two."""
+    in each, a rank of both chains sends a chunk of ``n/2k`` up and one down in
+    each tree (one of the two while ``k = 1``) and reduces two."""
     k = chunks(int(n) // 2, 1)
     height = max(heights(p, hierarchy.ranks_per_node(p)))
     ticks = 2 * height + k - 1
-    return ticks, ticks * 2 * n / k, ticks * n / k
+    return ticks, ticks * min(k, 2) * n / k, ticks * n / k
