@@ -199,11 +199,11 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None
     NCCL splits every collective between its channels (``NCCL_MIN_NCHANNELS``)
     and gives each its own thread block and, where it can, its own links; sharing
     one link, as here, the rings move the ring's bytes in ``c`` times as many
-    messages.  Across nodes each ring is rail-matched (:mod:`~colltutor.
-    collectives.rails`): ring ``c`` enters and leaves every node at local rank
-    ``c``, so the rings share NVLink and each has a NIC of its own.  Steps:
-    ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link): ``(p-1) alpha +
-    ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
+    messages.  Across nodes each ring is rail-matched
+    (:mod:`~colltutor.collectives.rails`): ring ``c`` enters and leaves every node
+    at local rank ``c``, so the rings share NVLink and each has a NIC of its own.
+    Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link): ``(p-1)
+    alpha + ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
     """
     # 1. every channel's ring, step by step, all channels in each step
     at_once.ring_all_gather(rails.rings(comm, channels), buf)

@@ -6,10 +6,11 @@ tree over the node numbers (``ncclGetBtree``, ``src/graph/trees.cc``) and its
 mirror (an even number of nodes) or its shift by one (odd), ``ncclGetDtree``.
 Inside a node: a chain through the node's GPUs, entered at the GPU of the
 channel's NIC (``ncclTopoPreset``, ``src/graph/connect.cc``).  ``connectTrees``
-(same file) joins them in NCCL's balanced pattern (``NCCL_TOPO_PATTERN_BALANCED_
-TREE``, what ``src/init.cc`` asks for first): the chain's first GPU talks to the
-parent node and to child 1, its second GPU to child 0; with one GPU a node (the
-pattern ``NCCL_TOPO_PATTERN_TREE``, ``src/graph/search.cc``) that GPU does it all.
+(same file) joins them in NCCL's balanced pattern
+(``NCCL_TOPO_PATTERN_BALANCED_TREE``, what ``src/init.cc`` asks for first): the
+chain's first GPU talks to the parent node and to child 1, its second GPU to child
+0; with one GPU a node (the pattern ``NCCL_TOPO_PATTERN_TREE``,
+``src/graph/search.cc``) that GPU does it all.
 Channel ``c`` runs tree 1 and channel ``c + pairs`` tree 2 over the same chains,
 each with its own part of the buffer.  On one node both trees are the chain.
 """

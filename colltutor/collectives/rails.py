@@ -37,8 +37,8 @@ def around(comm: Comm, ring: list[int]) -> Comm:
 
 def rings(comm: Comm, channels: int) -> list[Comm]:
     """One view per channel: column ``c`` of every block, round channel ``c``'s
-    rail-matched ring (nodes of :func:`~colltutor.collectives.hierarchy.
-    ranks_per_node` ranks)."""
+    rail-matched ring (nodes of
+    :func:`~colltutor.collectives.hierarchy.ranks_per_node` ranks)."""
     k = hierarchy.ranks_per_node(comm.size)
     return [around(comm.column(channels, c), order(comm.size, k, c))
             for c in range(channels)]
