@@ -491,7 +491,8 @@ class Prediction(dict[Pair, float]):
 
 COUNTERPARTS = {
     "ring": ("ring",), "pipelined_ring": ("ring",), "multi_channel_ring": ("ring",),
-    "double_binary_tree": ("tree",), "nvls": ("nvls", "nvls_tree"), "pat": ("pat",),
+    "double_binary_tree": ("tree",), "nccl_tree": ("tree",),
+    "nvls": ("nvls", "nvls_tree"), "pat": ("pat",),
 }
 """colltutor's algorithms that are versions of NCCL's (the same shape, not the same
 execution)."""

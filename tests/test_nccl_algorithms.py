@@ -340,7 +340,8 @@ CHAPTER_11 = [(c, a) for c in registry.COLLECTIVES for a, d in registry.find(c).
 
 def test_chapter_11_declares_its_algorithms() -> None:
     assert sorted(CHAPTER_11) == sorted(
-        [("all_reduce", "double_binary_tree"), ("all_reduce", "hierarchical"),
+        [("all_reduce", "double_binary_tree"), ("all_reduce", "nccl_tree"),
+         ("all_reduce", "hierarchical"),
          ("all_reduce", "multi_channel_ring"), ("all_gather", "hierarchical"),
          ("all_gather", "pat"), ("all_gather", "multi_channel_ring"),
          ("reduce_scatter", "hierarchical"), ("reduce_scatter", "pat"),

@@ -14,8 +14,8 @@ from itertools import accumulate
 
 import torch
 
-from colltutor.collectives import at_once, fold, hierarchy, pat_steps
-from colltutor.formulas import doubling, folds, frac, lg, lgq, ring_columns, uniform
+from colltutor.collectives import at_once, fold, hierarchy, pat_steps, rails
+from colltutor.formulas import doubling, folds, frac, lg, lgq, uniform
 from colltutor.p2p import Comm, block_sizes, blocks
 from colltutor.registry import algorithm
 
@@ -189,7 +189,7 @@ def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTE
 
 @algorithm("all_gather", chapter=11,
            shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: ring_columns(p, n, s, 2, gather=True),
+           counts=lambda p, n, b, s: rails.counts(p, n, s, 2, gather=True),
            cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
@@ -199,8 +199,11 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None
     NCCL splits every collective between its channels (``NCCL_MIN_NCHANNELS``)
     and gives each its own thread block and, where it can, its own links; sharing
     one link, as here, the rings move the ring's bytes in ``c`` times as many
-    messages.  Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one
-    link): ``(p-1) alpha + ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
+    messages.  Across nodes each ring is rail-matched
+    (:mod:`~colltutor.collectives.rails`): ring ``c`` enters and leaves every node
+    at local rank ``c``, so the rings share NVLink and each has a NIC of its own.
+    Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link): ``(p-1)
+    alpha + ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
     """
     # 1. every channel's ring, step by step, all channels in each step
-    at_once.ring_all_gather([comm.column(channels, j) for j in range(channels)], buf)
+    at_once.ring_all_gather(rails.rings(comm, channels), buf)

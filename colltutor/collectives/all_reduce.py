@@ -18,6 +18,8 @@ from colltutor.collectives import (
     double_tree,
     fold,
     hierarchy,
+    nccl_trees,
+    rails,
     reduce,
     reduce_scatter,
 )
@@ -28,7 +30,6 @@ from colltutor.formulas import (
     halving,
     lg,
     lgq,
-    ring_columns,
     then,
     tree_down,
     tree_up,
@@ -240,13 +241,56 @@ def double_binary_tree(comm: Comm, buf: torch.Tensor, op: object,
     """
     p, height = comm.size, double_tree.height(comm.size)
     k = chunks or double_tree.chunks(buf.numel(), buf.element_size(), p)
-    trees = list(zip(double_tree.nodes(comm.rank, p),
-                     [blocks(half, k) for half in buf.tensor_split(2)], strict=True))
+    halves = [blocks(half, k) for half in buf.tensor_split(2)]
+    # 1. both halves up and down their trees, a chunk a tick behind the one before
+    up_and_down(comm, list(zip(double_tree.nodes(comm.rank, p), halves, strict=True)),
+                [height, height], op)
+    ops.finish(op, buf, p)
+
+
+@algorithm("all_reduce", chapter=11,
+           shape="a chain in each node and two binary trees across the nodes, each "
+                 "tree reducing then broadcasting its channel's part in chunks",
+           counts=lambda p, n, b, s: nccl_trees.counts(p, n, s),
+           cost=nccl_trees.terms)
+def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2) -> None:
+    """NCCL's tree all-reduce (:mod:`~colltutor.collectives.nccl_trees`): a chain
+    through each node's GPUs, NCCL's double binary tree across the nodes, tree 1
+    on half of the ``channels`` and tree 2 on the other half, each channel with its
+    part of the buffer in chunks of
+    :data:`~colltutor.collectives.nccl_trees.CHUNK_BYTES`.
+
+    Chunks go up and down as in :func:`double_binary_tree`, but a chunk crosses
+    the ``k - 1`` links of a chain in every node on its way, so the trees are
+    ``k - 1 + lg m`` deep (``m`` nodes of ``k``, as ``connectTrees`` reckons in
+    ``src/graph/connect.cc``); on one node the tree is the chain.  Ticks: ``2 h +
+    c - 1`` for ``c`` chunks a channel.  Cost: ``(2 h + c - 1)(alpha + (2n/c)
+    beta + (n/c) gamma)``.  NCCL 2.30.7.  Chapter 11, What NCCL Runs.
+    """
+    p, k = comm.size, hierarchy.ranks_per_node(comm.size)
+    parts = blocks(buf, 2 * max(1, channels // 2))
+    trees = [(node, blocks(part, nccl_trees.chunks(part.numel(), buf.element_size())))
+             for node, part in zip(nccl_trees.nodes(comm.rank, p, k, channels), parts)]
+    # 1. every channel's part up and down its tree, a chunk a tick behind the last
+    up_and_down(comm, trees, nccl_trees.heights(p, k, channels), op)
+    ops.finish(op, buf, p)
+
+
+def up_and_down(comm: Comm, trees: list[tuple[double_tree.Node, list[torch.Tensor]]],
+                heights: list[int], op: object) -> None:
+    """Reduce every tree's chunks up to its root and broadcast them back down,
+    chunk j + 1 a tick behind chunk j, all trees in the same ticks (``heights``:
+    each tree's height); one step a tick, so that the reduce of one chunk overlaps
+    the broadcast of another (NCCL's ``runTreeSplit``, ``src/device/all_reduce.h``,
+    where the two halves are separate groups of threads)."""
     fan_in = sum(len(node.down) for node, _ in trees)
-    slots = comm.scratch(fan_in * -(-buf.numel() // (2 * k)), buf)
-    for tick in range(2 * height + k - 1):
+    most = max((c.numel() for _, chunk in trees for c in chunk[:1]), default=0)
+    slots = comm.scratch(fan_in * most, trees[0][1][0]) if trees else None
+    ticks = max((2 * h + len(chunk) - 1 for h, (_, chunk) in zip(heights, trees)),
+                default=0)
+    for tick in range(ticks):
         up, down, adds, copies = [], [], [], []
-        for node, chunk in trees:
+        for height, (node, chunk) in zip(heights, trees, strict=True):
             rise = tick - (height - node.depth)  # the chunk I send up at this tick
             fall = tick - (height + node.depth)  # the chunk I send down at this tick
             # 1. up: my children's chunk rise+1 is reduced into mine, chunk rise goes
@@ -259,7 +303,6 @@ def double_binary_tree(comm: Comm, buf: torch.Tensor, op: object,
             down += [(c, x) for x in _due(chunk, fall) for c in node.down]
         # partial results are received before finished chunks, and sent in that order
         at_once.exchange_reduce(comm, up + down, adds, op, slots, copies)
-    ops.finish(op, buf, p)
 
 
 def _due(chunks: list[torch.Tensor], j: int) -> list[torch.Tensor]:
@@ -303,8 +346,8 @@ def hierarchical(comm: Comm, buf: torch.Tensor, op: object, k: int | None = None
 
 @algorithm("all_reduce", chapter=11,
            shape="c rings at once, 2(p-1) steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: then(ring_columns(p, n, s, 2, gather=False),
-                                          ring_columns(p, n, s, 2, gather=True)),
+           counts=lambda p, n, b, s: then(rails.counts(p, n, s, 2, gather=False),
+                                          rails.counts(p, n, s, 2, gather=True)),
            cost=lambda p, n: (2 * (p - 1), 2 * frac(p) * n, frac(p) * n))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2
                        ) -> None:
@@ -315,12 +358,15 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int 
     NCCL splits every collective between its channels (``ncclCollCbdPart`` in
     ``src/device/all_reduce.h``, ``NCCL_MIN_NCHANNELS``) and runs each on its own
     thread block and, where it can, its own links, so ``c`` channels move ``c``
-    times the data of one; sharing one link, as here, they move the ring's bytes
-    in ``c`` times as many messages.  Steps: ``2(p-1)``, each of ``c`` messages of
-    ``n/(cp)``.  Cost (one link): ``2(p-1) alpha + 2((p-1)/p) n beta +
+    times the data of one; sharing one link, they move the ring's bytes in ``c``
+    times as many messages.  Across nodes each ring is rail-matched
+    (:mod:`~colltutor.collectives.rails`): ring ``c`` enters and leaves every node
+    at local rank ``c``, on NIC ``c``, as NCCL's channels do, where :func:`ring`
+    crosses every node boundary on one NIC.  Steps: ``2(p-1)``, each of ``c``
+    messages of ``n/(cp)``.  Cost (one link): ``2(p-1) alpha + 2((p-1)/p) n beta +
     ((p-1)/p) n gamma``.  Chapter 11, What NCCL Runs.
     """
-    rings = [comm.column(channels, j) for j in range(channels)]
+    rings = rails.rings(comm, channels)
     # 1. on every channel, block `rank` becomes the reduction of block `rank`
     at_once.ring_reduce_scatter(rings, buf, op)
     # 2. on every channel, every rank collects every reduced block

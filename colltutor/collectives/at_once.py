@@ -48,40 +48,51 @@ def exchange_reduce(comm: Comm, sends: list[Message],
 
 def ring_all_gather(views: list[Comm], buf: torch.Tensor) -> None:
     """:func:`~colltutor.collectives.all_gather.ring` on several views of the same
-    ranks at once, each with its own blocks: step s of every ring is one exchange."""
-    comm = views[0]  # every view has the same ranks; any one of them posts
-    p, rank = comm.size, comm.rank
-    left, right = (rank - 1) % p, (rank + 1) % p
-    chunks = [view.blocks(buf) for view in views]
+    ranks at once, each with its own blocks and its own ring order: step s of every
+    ring is one exchange."""
+    comm, p = views[0], views[0].size  # every view has the same ranks; one posts
+    rings = [(view.blocks(buf), *neighbours(comm, view)) for view in views]
     # 1. step s: in every ring, block rank-s goes right and block rank-s-1 comes
     for step in range(p - 1):
-        comm.exchange(sends=[(right, chunk[(rank - step) % p]) for chunk in chunks],
-                      recvs=[(left, chunk[(rank - step - 1) % p]) for chunk in chunks])
+        comm.exchange(
+            sends=[(right, chunk[(rank - step) % p])
+                   for chunk, rank, _, right in rings],
+            recvs=[(left, chunk[(rank - step - 1) % p])
+                   for chunk, rank, left, _ in rings])
+
+
+def neighbours(comm: Comm, view: Comm) -> tuple[int, int, int]:
+    """``view``'s rank, and its left and right neighbours as ranks of ``comm`` (a
+    view of the same ranks, which posts the messages of every view)."""
+    p = view.size
+    where = {comm._peer(v): v for v in range(p)}
+    return (view.rank, where[view._peer((view.rank - 1) % p)],
+            where[view._peer((view.rank + 1) % p)])
 
 
 def ring_reduce_scatter(views: list[Comm], buf: torch.Tensor, op: object,
                         work: torch.Tensor | None = None) -> None:
     """:func:`~colltutor.collectives.reduce_scatter.ring` on several views of the
-    same ranks at once, each with its own blocks: step s of every ring is one
-    exchange.  ``work`` as in the reduce-scatter contract; the op is finished
-    (AVG divided by the views' size) on my block of each view."""
-    comm = views[0]  # every view has the same ranks; any one of them posts
-    p, rank = comm.size, comm.rank
-    left, right = (rank - 1) % p, (rank + 1) % p
+    same ranks at once, each with its own blocks and its own ring order: step s of
+    every ring is one exchange.  ``work`` as in the reduce-scatter contract; the op
+    is finished (AVG divided by the views' size) on my block of each view."""
+    comm, p = views[0], views[0].size  # every view has the same ranks; one posts
     mine = [view.blocks(buf) for view in views]
     acc = mine if work is None else [view.blocks(work) for view in views]
+    places = [neighbours(comm, view) for view in views]
     most = sum(max(t.numel() for t in blocks) for blocks in mine)
     slots = comm.scratch(most, buf) if work is None and p > 1 else None
     # 1. step s: in every ring, my partial result for block rank-s-1 goes right and
     #    the left's for block rank-s-2 is combined into mine
     for step in range(p - 1):
-        block, passing = (rank - step - 2) % p, (rank - step - 1) % p
         exchange_reduce(
-            comm, [(right, (a if step else m)[passing]) for m, a in zip(mine, acc)],
-            [(left, a[block], None if work is None else m[block])
-             for m, a in zip(mine, acc)], op, slots)
+            comm, [(right, (a if step else m)[(rank - step - 1) % p])
+                   for m, a, (rank, _, right) in zip(mine, acc, places)],
+            [(left, a[(rank - step - 2) % p], None if work is None else
+              m[(rank - step - 2) % p])
+             for m, a, (rank, left, _) in zip(mine, acc, places)], op, slots)
     # 2. my block of every view is complete (alone, out of place: it is my own)
-    for m, a in zip(mine, acc, strict=True):
+    for m, a, (rank, _, _) in zip(mine, acc, places, strict=True):
         if p == 1:
             place(a[rank], m[rank])
         ops.finish(op, a[rank], p)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from colltutor import ops
-from colltutor.collectives import at_once, fold, hierarchy, pat_steps
-from colltutor.formulas import folds, frac, halving, lgq, ring_columns, uniform
+from colltutor.collectives import at_once, fold, hierarchy, pat_steps, rails
+from colltutor.formulas import folds, frac, halving, lgq, uniform
 from colltutor.p2p import Comm, place
 from colltutor.registry import algorithm
 
@@ -202,7 +202,7 @@ def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = N
 
 @algorithm("reduce_scatter", chapter=11,
            shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: ring_columns(p, n, s, 2, gather=False),
+           counts=lambda p, n, b, s: rails.counts(p, n, s, 2, gather=False),
            cost=lambda p, n: (p - 1, frac(p) * n, frac(p) * n))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
                        work: torch.Tensor | None = None, channels: int = 2) -> None:
@@ -213,8 +213,8 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
     Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link):
     ``(p-1) alpha + ((p-1)/p) n (beta + gamma)``; NCCL splits every collective
     between its channels (``NCCL_MIN_NCHANNELS``), each with its own thread block
-    and, where it can, its own links.  Chapter 11, What NCCL Runs.
+    and, where it can, its own links: across nodes each ring is rail-matched
+    (:mod:`~colltutor.collectives.rails`).  Chapter 11, What NCCL Runs.
     """
     # 1. every channel's ring, step by step, all channels in each step
-    at_once.ring_reduce_scatter([comm.column(channels, j) for j in range(channels)],
-                                buf, op, work)
+    at_once.ring_reduce_scatter(rails.rings(comm, channels), buf, op, work)
