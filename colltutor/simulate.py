@@ -77,9 +77,12 @@ class Result:
     """``"lockstep"`` or ``"fifo"``, which says when a send was done for its
     sender (:class:`colltutor.transports.simgrid.World`)."""
     engine: str = "actors"
-    """``"actors"``: the algorithm ran inside the simulation; ``"replay"``: its
-    recorded messages were replayed (:mod:`colltutor.schedule`); ``"replay
-    (cached)"``: a record from the cache was."""
+    """``"actors"``: the algorithm ran inside the simulation; ``"replay (C++)"``:
+    its recorded messages were replayed (:mod:`colltutor.schedule`) on SimGrid's
+    C++ engine (:mod:`colltutor.transports.simgrid_replay`); ``"replay (C++,
+    cached)"``: a record from the cache was; ``"replay (Python: why)"``: replayed
+    on the Python actors, the C++ replayer being unavailable for the reason given
+    (``"no C++ compiler (g++)"``, ``"no SimGrid headers ..."``)."""
     recorded: float = 0.0
     """Real seconds recording the messages took (a replay, not from the cache)."""
 
@@ -167,7 +170,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
                real, trace, options or {}, late or {}, semantics,
                str(schedule.cache_dir()) if replay else None, backend="gloo",
-               timeout=timeout)[0]
+               timeout=timeout, stream=replay)[0]  # a long replay's progress, live
 
 
 # -- inside the simulation's process ---------------------------------------------
@@ -247,9 +250,12 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
             late: dict[int, float], semantics: str, count: int, op: object,
             cache: str) -> Result | None:
     """The simulation as a replay of the ranks' recorded messages
-    (:mod:`colltutor.schedule`, kept in the directory ``cache``); ``None`` when
-    the algorithm polls."""
+    (:mod:`colltutor.schedule`, kept in the directory ``cache``) on SimGrid's C++
+    engine (:mod:`colltutor.transports.simgrid_replay`), or on the Python actors
+    where that cannot be built; ``None`` when the algorithm polls."""
     import time
+
+    from colltutor.transports import simgrid_replay
 
     p, meta = topology.ranks, torch.device("meta")
     name = None if callable(algorithm) else schedule.key(
@@ -257,19 +263,33 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
         op_name, sorted(options.items()))
     start = time.perf_counter()
     try:
-        logs, hit = schedule.cached(cache, name, lambda: schedule.record(
+        path, hit, own = schedule.stored(cache, name, lambda: schedule.record(
             lambda comm: _program(comm, collective, algorithm, p, count, dtype, meta,
                                   root, op, options, []), p, meta))
     except schedule.Polls:
         return None
     recorded = 0.0 if hit else time.perf_counter() - start
-    outcome = sim.run(topology, schedule.replayer(logs, bool(topology.gamma)), meta,
-                      None, None, late, semantics)
+    try:
+        binary = simgrid_replay.program()
+        engine = "C++"
+    except simgrid_replay.NoCompiler as why:
+        binary, engine = None, f"Python: {why}"
+    try:
+        if binary is not None:
+            outcome = simgrid_replay.run(binary, path, topology, late, semantics)
+        else:
+            outcome = sim.run(topology, schedule.replayer(schedule.load(path),
+                                                          bool(topology.gamma)),
+                              meta, None, None, late, semantics)
+    finally:
+        if own:
+            path.unlink(missing_ok=True)
     if callable(algorithm):
         algorithm = getattr(algorithm, "__name__", "function")
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
                   outcome.messages, outcome.wall, outcome.build, None, None, None,
-                  semantics, "replay (cached)" if hit else "replay", recorded)
+                  semantics, f"replay ({engine}{', cached' if hit else ''})",
+                  recorded)
 
 
 def _known_sizes(collective: str, fn: Any, device: torch.device, p: int, count: int,
