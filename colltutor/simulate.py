@@ -134,9 +134,11 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     (``src/device/prims_simple.h``; :class:`colltutor.transports.simgrid.World`).
     ``replay``: record each rank's messages once (on meta tensors, cached on
     disk), then replay them on the simulated cluster without running the
-    algorithm there: the same simulated times, fewer real seconds, no result to
+    algorithm there, on SimGrid's C++ engine (:mod:`colltutor.transports.
+    simgrid_replay`; on Python actors without a C++ compiler and SimGrid's
+    headers): the same simulated times, far fewer real seconds, no result to
     check and no trace (:mod:`colltutor.schedule`; an algorithm that polls, and
-    NVLink SHARP, run as actors anyway).
+    NVLink SHARP, run as actors anyway; ``Result.engine`` says which ran).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
@@ -504,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
     ap.add_argument("--semantics", choices=sim.SEMANTICS, default="lockstep",
                     help="when a send is done for its sender (fifo: NCCL's)")
+    ap.add_argument("--replay", action="store_true",
+                    help="record each rank's messages once, replay them (faster)")
     args = ap.parse_args(argv)
     names = args.algorithm
     if names == ["all"]:
@@ -516,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'messages':>9} {'wall (s)':>8}")
     for name in names:
         r = simulate(args.collective, args.size, args.topology, name,
-                     trace=bool(args.timeline) or None, semantics=args.semantics)
+                     trace=bool(args.timeline) or None, semantics=args.semantics,
+                     replay=args.replay)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
               + (f"   {model.beside(r.algorithm)}" if model else ""))
