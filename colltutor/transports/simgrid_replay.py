@@ -63,11 +63,23 @@ def program() -> pathlib.Path:
     default ``g++``) or SimGrid's headers and library."""
     source = SOURCE.read_bytes()
     compiler = os.environ.get("CXX", "g++")
-    name = hashlib.sha1(source + compiler.encode()).hexdigest()[:16]
+    name = hashlib.sha1(source + f"{compiler} {_simgrid_version()}".encode()
+                        ).hexdigest()[:16]
     path = program_dir() / f"replay-{name}"
     if not path.exists():
         _build(compiler, str(path))
     return path
+
+
+@functools.cache
+def _simgrid_version() -> str:
+    """The installed SimGrid library's version, as pkg-config knows it ("" if
+    it does not): a new release gets its own build."""
+    if shutil.which("pkg-config") is None:
+        return ""
+    found = subprocess.run(["pkg-config", "--modversion", "simgrid"],
+                           capture_output=True, text=True)
+    return found.stdout.strip()
 
 
 @functools.cache
