@@ -31,7 +31,7 @@ def cache(tmp_path, monkeypatch):
 
 
 CASES = [  # collective, algorithm, bytes, topology
-    ("all_reduce", "ring", 1 << 18, "h100-cluster:8"),
+    ("all_reduce", "ring", 1 << 18, "h100-cluster:4"),
     ("all_reduce", "double_binary_tree", 1 << 16, "h100-cluster:8"),
     ("all_reduce", "ring", 1 << 16, "star:8"),
     ("reduce", "binomial_tree", 1 << 16, "h100-cluster:4"),
