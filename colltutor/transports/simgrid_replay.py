@@ -181,12 +181,13 @@ def _star_route(topology: Any, src: int, dst: int) -> list[Hop]:
 
 
 def job(topology: Any, pairs: list[tuple[int, int]], semantics: str,
-        late: dict[int, float]) -> str:
+        late: dict[int, float], platform: Platform | None = None) -> str:
     """What ``replay.cpp run`` reads: the World's settings (:class:`colltutor.
-    transports.simgrid.World`), the platform (:func:`describe`), each rank's
-    host and late start, and under FIFO semantics each pair's route latency."""
+    transports.simgrid.World`), the platform (:func:`describe`, unless given),
+    each rank's host and late start, and under FIFO semantics each pair's route
+    latency."""
     fifo = semantics == "fifo"
-    platform = describe(topology, pairs, latencies=not fifo)
+    platform = platform or describe(topology, pairs, latencies=not fifo)
     speed = 1 / topology.gamma if topology.gamma else 1e18
     wires = [(a, b, sim.route_latency(topology, a, b)) for a, b in sorted(set(pairs))
              ] if fifo else []
@@ -225,13 +226,19 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
         raise ValueError(f"semantics {semantics!r}: choose from "
                          f"{', '.join(sim.SEMANTICS)}")
     start = time.perf_counter()
-    text = job(topology, pairs(binary, schedule), semantics, late or {})
+    used = pairs(binary, schedule)
+    platform = describe(topology, used, latencies=semantics != "fifo")
+    text = job(topology, used, semantics, late or {}, platform)
+    config = [c for c in sim.CONFIG if not c.startswith("--cfg=contexts/")]
+    if all(cores == 1 for _, _, cores in platform.hosts):
+        # a host runs one rank's reductions at a time: SimGrid's CPU model for
+        # that case, the same times in fewer steps (``cpu/optim``, SimGrid 3.32)
+        config.append("--cfg=cpu/optim:TI")
     with tempfile.NamedTemporaryFile("w", suffix=".job", prefix="colltutor-") as f:
         f.write(text)
         f.flush()
         built = time.perf_counter() - start
         start = time.perf_counter()
-        config = [c for c in sim.CONFIG if not c.startswith("--cfg=contexts/")]
         with subprocess.Popen([str(binary), "run", f.name, str(schedule), *config],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as proc:
