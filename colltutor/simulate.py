@@ -255,6 +255,7 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
     (:mod:`colltutor.schedule`, kept in the directory ``cache``) on SimGrid's C++
     engine (:mod:`colltutor.transports.simgrid_replay`), or on the Python actors
     where that cannot be built; ``None`` when the algorithm polls."""
+    import shutil
     import time
 
     from colltutor.transports import simgrid_replay
@@ -284,8 +285,8 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
                                                           bool(topology.gamma)),
                               meta, None, None, late, semantics)
     finally:
-        if own:
-            path.unlink(missing_ok=True)
+        if own:  # a record of this call's, in a directory of its own
+            shutil.rmtree(path.parent, ignore_errors=True)
     if callable(algorithm):
         algorithm = getattr(algorithm, "__name__", "function")
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,

@@ -3,6 +3,8 @@ replay.cpp, simgrid_replay.py): the simulated times of the algorithm itself."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import colltutor
@@ -227,4 +229,7 @@ def test_a_record_file_reads_back(tmp_path):
     path, hit, own = schedule.stored(str(tmp_path), "r", lambda: 1 / 0)
     assert hit and not own and path == tmp_path / "r.sched"
     path, hit, own = schedule.stored(str(tmp_path), None, lambda: logs)
-    assert not hit and own and schedule.load(path) == logs
+    try:
+        assert not hit and own and schedule.load(path) == logs
+    finally:
+        shutil.rmtree(path.parent)
