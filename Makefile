@@ -37,6 +37,8 @@ system:
 # is linked into .venv, alone, when the venv's Python is that version (Debian 12:
 # 3.11).  Elsewhere `.venv/bin/pip install simgrid` builds it from source (README,
 # "Simulated clusters"); without it, tests/test_simulate.py skips and says why.
+# libsimgrid-dev (SimGrid's C++ headers, installed as root when missing) lets
+# simulate(..., replay=True) compile its C++ replayer (colltutor/transports/replay.cpp).
 DIST = /usr/lib/python3/dist-packages
 PYVAR = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("$(1)"))')
 SIMGRID_SO = $(DIST)/simgrid$(call PYVAR,EXT_SUFFIX)
@@ -48,6 +50,12 @@ simgrid: setup
 	  apt-get update -qq && apt-get install -y -qq python3-simgrid >/dev/null \
 	    || echo "(no python3-simgrid here)"; \
 	fi
+	@if [ "$$(id -u)" = 0 ] && [ ! -e /usr/include/simgrid/s4u.hpp ] \
+	    && command -v apt-get >/dev/null; then \
+	  echo "apt-get install libsimgrid-dev"; \
+	  apt-get update -qq && apt-get install -y -qq libsimgrid-dev >/dev/null \
+	    || echo "(no libsimgrid-dev here)"; \
+	fi
 	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
 	if [ -e "$(SIMGRID_SO)" ] && [ ! -e "$$site/$$(basename $(SIMGRID_SO))" ]; then \
 	  ln -s "$(SIMGRID_SO)" "$$site/"; \
@@ -55,6 +63,9 @@ simgrid: setup
 	@$(BIN)/python -c 'from colltutor.transports import simgrid; simgrid.load()' \
 	  2>/dev/null && echo "SimGrid: ready" \
 	  || echo "SimGrid: not installed, so colltutor.simulate is off (see README)"
+	@$(BIN)/python -c 'from colltutor.transports import simgrid_replay as r; \
+	  print("C++ replayer:", r.program())' 2>/dev/null \
+	  || echo "C++ replayer: not built (no g++ or libsimgrid-dev), replays run on Python"
 
 book: setup system simgrid
 	$(BIN)/python tools/vendor_assets.py

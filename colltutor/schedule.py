@@ -10,9 +10,11 @@ first), the order of its waits, and the bytes it reduced.  :func:`replayer` then
 plays each rank's record on the simulated transport
 (:class:`colltutor.transports.simgrid.SimTransport`), the same calls in the same
 order as the algorithm itself would make, so the simulated times are the same,
-without torch or :class:`colltutor.p2p.Comm` in the loop.  A record depends on
-neither the topology nor the semantics, so :func:`cached` keeps it on disk and a
-replay on another cluster skips the recording.
+without torch or :class:`colltutor.p2p.Comm` in the loop; or, much faster, on
+SimGrid's C++ engine (:mod:`colltutor.transports.simgrid_replay`), which reads the
+record's file (:func:`save`).  A record depends on neither the topology nor the
+semantics, so :func:`stored` keeps it on disk and a replay on another cluster
+skips the recording.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import contextlib
 import hashlib
 import os
 import pathlib
-import pickle
 import sys
+import tempfile
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -190,27 +192,55 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "schedules"
 
 
-def cached(directory: str, name: str | None, make: Callable[[], list[array]]
-           ) -> tuple[list[array], bool]:
-    """The record named ``name`` from the cache ``directory``, or ``make()``'s,
-    stored there (``name=None``: not cached).  Also whether it came from the
-    cache."""
-    if name is None:
-        return make(), False
-    path = pathlib.Path(directory) / f"{name}.pickle"
-    if path.exists():
-        try:
-            with path.open("rb") as f:
-                return pickle.load(f), True
-        except (OSError, EOFError, pickle.UnpicklingError):
-            pass  # a broken file: record again
+MAGIC = b"CTSCHED1"
+"""A record's file: these 8 bytes, the ranks, each rank's length in entries, then
+every rank's entries, all as native 64-bit integers (what ``replay.cpp`` reads)."""
+
+
+def save(logs: list[array], path: pathlib.Path) -> None:
+    """Write ``logs`` to ``path`` in the record's file format (:data:`MAGIC`)."""
+    with path.open("wb") as f:
+        f.write(MAGIC)
+        array("q", [len(logs), *map(len, logs)]).tofile(f)
+        for log in logs:
+            log.tofile(f)
+
+
+def load(path: pathlib.Path) -> list[array]:
+    """The record in the file ``path`` (:func:`save`)."""
+    with path.open("rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ValueError(f"{path} is not a colltutor schedule")
+        head = array("q")
+        head.fromfile(f, 1)
+        lengths = array("q")
+        lengths.fromfile(f, head[0])
+        logs = []
+        for n in lengths:
+            log = array("q")
+            log.fromfile(f, n)
+            logs.append(log)
+    return logs
+
+
+def stored(directory: str, name: str | None, make: Callable[[], list[array]]
+           ) -> tuple[pathlib.Path, bool, bool]:
+    """The file of the record named ``name`` in the cache ``directory``, written
+    from ``make()`` unless it is there; whether it came from the cache; and
+    whether it is a file of this call's, for the caller to remove (``name=None``,
+    or a cache that cannot be written)."""
+    path = pathlib.Path(directory) / f"{name}.sched"
+    if name is not None and path.exists():
+        return path, True, False
     logs = make()
+    own = name is None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        with partial.open("wb") as f:
-            pickle.dump(logs, f, protocol=pickle.HIGHEST_PROTOCOL)
-        partial.replace(path)
     except OSError:
-        pass  # no cache then
-    return logs, False
+        own = True  # no cache then
+    if own:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="colltutor-")) / "record.sched"
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    save(logs, partial)
+    partial.replace(path)
+    return path, False, own

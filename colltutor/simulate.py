@@ -77,9 +77,12 @@ class Result:
     """``"lockstep"`` or ``"fifo"``, which says when a send was done for its
     sender (:class:`colltutor.transports.simgrid.World`)."""
     engine: str = "actors"
-    """``"actors"``: the algorithm ran inside the simulation; ``"replay"``: its
-    recorded messages were replayed (:mod:`colltutor.schedule`); ``"replay
-    (cached)"``: a record from the cache was."""
+    """``"actors"``: the algorithm ran inside the simulation; ``"replay (C++)"``:
+    its recorded messages were replayed (:mod:`colltutor.schedule`) on SimGrid's
+    C++ engine (:mod:`colltutor.transports.simgrid_replay`); ``"replay (C++,
+    cached)"``: a record from the cache was; ``"replay (Python: why)"``: replayed
+    on the Python actors, the C++ replayer being unavailable for the reason given
+    (``"no C++ compiler (g++)"``, ``"no SimGrid headers ..."``)."""
     recorded: float = 0.0
     """Real seconds recording the messages took (a replay, not from the cache)."""
 
@@ -131,9 +134,11 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     (``src/device/prims_simple.h``; :class:`colltutor.transports.simgrid.World`).
     ``replay``: record each rank's messages once (on meta tensors, cached on
     disk), then replay them on the simulated cluster without running the
-    algorithm there: the same simulated times, fewer real seconds, no result to
+    algorithm there, on SimGrid's C++ engine (:mod:`colltutor.transports.
+    simgrid_replay`; on Python actors without a C++ compiler and SimGrid's
+    headers): the same simulated times, far fewer real seconds, no result to
     check and no trace (:mod:`colltutor.schedule`; an algorithm that polls, and
-    NVLink SHARP, run as actors anyway).
+    NVLink SHARP, run as actors anyway; ``Result.engine`` says which ran).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
@@ -167,7 +172,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
                real, trace, options or {}, late or {}, semantics,
                str(schedule.cache_dir()) if replay else None, backend="gloo",
-               timeout=timeout)[0]
+               timeout=timeout, stream=replay)[0]  # a long replay's progress, live
 
 
 # -- inside the simulation's process ---------------------------------------------
@@ -247,9 +252,13 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
             late: dict[int, float], semantics: str, count: int, op: object,
             cache: str) -> Result | None:
     """The simulation as a replay of the ranks' recorded messages
-    (:mod:`colltutor.schedule`, kept in the directory ``cache``); ``None`` when
-    the algorithm polls."""
+    (:mod:`colltutor.schedule`, kept in the directory ``cache``) on SimGrid's C++
+    engine (:mod:`colltutor.transports.simgrid_replay`), or on the Python actors
+    where that cannot be built; ``None`` when the algorithm polls."""
+    import shutil
     import time
+
+    from colltutor.transports import simgrid_replay
 
     p, meta = topology.ranks, torch.device("meta")
     name = None if callable(algorithm) else schedule.key(
@@ -257,19 +266,33 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
         op_name, sorted(options.items()))
     start = time.perf_counter()
     try:
-        logs, hit = schedule.cached(cache, name, lambda: schedule.record(
+        path, hit, own = schedule.stored(cache, name, lambda: schedule.record(
             lambda comm: _program(comm, collective, algorithm, p, count, dtype, meta,
                                   root, op, options, []), p, meta))
     except schedule.Polls:
         return None
     recorded = 0.0 if hit else time.perf_counter() - start
-    outcome = sim.run(topology, schedule.replayer(logs, bool(topology.gamma)), meta,
-                      None, None, late, semantics)
+    try:
+        binary = simgrid_replay.program()
+        engine = "C++"
+    except simgrid_replay.NoCompiler as why:
+        binary, engine = None, f"Python: {why}"
+    try:
+        if binary is not None:
+            outcome = simgrid_replay.run(binary, path, topology, late, semantics)
+        else:
+            outcome = sim.run(topology, schedule.replayer(schedule.load(path),
+                                                          bool(topology.gamma)),
+                              meta, None, None, late, semantics)
+    finally:
+        if own:  # a record of this call's, in a directory of its own
+            shutil.rmtree(path.parent, ignore_errors=True)
     if callable(algorithm):
         algorithm = getattr(algorithm, "__name__", "function")
     return Result(collective, algorithm, topology.name, p, nbytes, outcome.seconds,
                   outcome.messages, outcome.wall, outcome.build, None, None, None,
-                  semantics, "replay (cached)" if hit else "replay", recorded)
+                  semantics, f"replay ({engine}{', cached' if hit else ''})",
+                  recorded)
 
 
 def _known_sizes(collective: str, fn: Any, device: torch.device, p: int, count: int,
@@ -484,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
     ap.add_argument("--semantics", choices=sim.SEMANTICS, default="lockstep",
                     help="when a send is done for its sender (fifo: NCCL's)")
+    ap.add_argument("--replay", action="store_true",
+                    help="record each rank's messages once, replay them (faster)")
     args = ap.parse_args(argv)
     names = args.algorithm
     if names == ["all"]:
@@ -496,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'messages':>9} {'wall (s)':>8}")
     for name in names:
         r = simulate(args.collective, args.size, args.topology, name,
-                     trace=bool(args.timeline) or None, semantics=args.semantics)
+                     trace=bool(args.timeline) or None, semantics=args.semantics,
+                     replay=args.replay)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
               + (f"   {model.beside(r.algorithm)}" if model else ""))

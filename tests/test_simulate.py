@@ -487,14 +487,14 @@ def test_a_replay_takes_the_simulated_time_of_the_actors(
                                 semantics=semantics)
     replay = colltutor.simulate(collective, nbytes, "h100-cluster:8", algorithm,
                                 semantics=semantics, replay=True)
-    assert actors.engine == "actors" and replay.engine == "replay"
+    assert actors.engine == "actors" and replay.engine.startswith("replay (")
     assert replay.seconds == pytest.approx(actors.seconds, rel=1e-9)
     assert replay.messages == actors.messages and replay.ranks == 64
     if algorithm == "ring":
         other = colltutor.simulate(collective, nbytes,
                                    "h100-cluster-oversubscribed:8", algorithm,
                                    semantics=semantics, replay=True)
-        assert other.engine == "replay (cached)" and other.recorded == 0.0
+        assert other.engine.endswith(", cached)") and other.recorded == 0.0
         assert other.messages == actors.messages
 
 

@@ -1,0 +1,454 @@
+// Replay recorded messages on SimGrid's C++ engine: colltutor's simulated cluster
+// without a Python thread per rank.
+//
+// The same simulation as colltutor/transports/simgrid.py (its World, SimTransport
+// and run()), call for call: each rank is an actor that plays its record
+// (colltutor/schedule.py: POST, WAIT, REDUCE entries) with the same S4U calls the
+// Python transport makes, on a platform built from a description that
+// colltutor/transports/simgrid_replay.py writes from the topology.  Same calls in
+// the same order give the same simulated times; only the speed differs (C++
+// actors in SimGrid's own contexts instead of Python threads).
+//
+//   replay pairs SCHEDULE            the (sender, receiver) pairs the record uses
+//   replay run JOB SCHEDULE [--cfg=...]   the simulation; results on stdout
+//
+// JOB (text, one item per line): "semantics lockstep|fifo", "eager 0|1",
+// "overhead S", "launch S", "reductions 0|1", "steps N", "speed F" (a host's
+// flop/s, for the messages' CPU time), then the platform:
+// "hosts N" and N lines "name speed cores"; "links N" and N lines "name bandwidth
+// latency split|shared"; "routes N" and N lines "src_host dst_host hops (link
+// U|D|N)..."; "ranks N" and N lines "host late"; "wires N" and N lines "src dst
+// latency" (fifo: the latency a message waits after its last byte).
+//
+// Progress goes to stderr ("progress sent total clock"), the outcome to stdout.
+
+#include <simgrid/s4u.hpp>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace sg4 = simgrid::s4u;
+
+namespace {
+
+enum : int64_t { POST = 0, WAIT = 1, REDUCE = 2 };  // schedule.py's entry kinds
+
+struct Schedule {  // schedule.py's file: b"CTSCHED1", ranks, lengths, entries
+  std::vector<int64_t> data;
+  std::vector<size_t> start;  // rank r's entries: data[start[r] .. start[r + 1])
+  size_t ranks() const { return start.size() - 1; }
+};
+
+Schedule read_schedule(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    throw std::runtime_error("cannot open " + path);
+  char magic[8];
+  int64_t ranks = 0;
+  if (std::fread(magic, 1, 8, f) != 8 || std::memcmp(magic, "CTSCHED1", 8) != 0 ||
+      std::fread(&ranks, 8, 1, f) != 1 || ranks < 0)
+    throw std::runtime_error(path + " is not a colltutor schedule");
+  std::vector<int64_t> lengths(ranks);
+  if (std::fread(lengths.data(), 8, ranks, f) != static_cast<size_t>(ranks))
+    throw std::runtime_error(path + " is cut short");
+  Schedule s;
+  s.start.push_back(0);
+  for (int64_t n : lengths)
+    s.start.push_back(s.start.back() + n);
+  s.data.resize(s.start.back());
+  if (std::fread(s.data.data(), 8, s.data.size(), f) != s.data.size())
+    throw std::runtime_error(path + " is cut short");
+  std::fclose(f);
+  return s;
+}
+
+// Calls fn(peer, bytes, is_send) for every message rank r posts.
+template <class F> void each_message(const Schedule& s, size_t r, F fn) {
+  const int64_t* log = s.data.data() + s.start[r];
+  size_t n = s.start[r + 1] - s.start[r];
+  for (size_t i = 0; i < n;) {
+    if (log[i] == POST) {
+      int64_t sends = log[i + 1], recvs = log[i + 2];
+      i += 3;
+      for (int64_t k = 0; k < recvs + sends; k++, i += 2)
+        fn(log[i], log[i + 1], k >= recvs);
+    } else {
+      i += 2;
+    }
+  }
+}
+
+struct Job {
+  bool fifo = false, eager = false, reductions = false;
+  double overhead = 0, launch = 0;
+  unsigned steps = 8;
+  std::vector<sg4::Host*> hosts;      // by rank
+  std::vector<double> late;           // by rank
+  std::unordered_map<uint64_t, double> wire_latency;  // src * ranks + dst
+  double speed = 1e18;
+};
+
+std::string word(std::ifstream& in, const char* expected) {
+  std::string w;
+  if (!(in >> w) || (expected != nullptr && w != expected))
+    throw std::runtime_error(std::string("job file: expected ") +
+                             (expected ? expected : "a word"));
+  return w;
+}
+
+double number(std::ifstream& in) {
+  std::string w = word(in, nullptr);
+  return std::strtod(w.c_str(), nullptr);  // Python's repr: the same double back
+}
+
+// Builds the platform the job describes: one Full zone, its hosts, its links and
+// the routes listed, as colltutor.transports.simgrid.platform() builds them.
+Job read_job(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw std::runtime_error("cannot open " + path);
+  Job job;
+  word(in, "semantics");
+  job.fifo = word(in, nullptr) == "fifo";
+  word(in, "eager");
+  job.eager = number(in) != 0 || job.fifo;
+  word(in, "overhead");
+  job.overhead = number(in);
+  word(in, "launch");
+  job.launch = number(in);
+  word(in, "reductions");
+  job.reductions = number(in) != 0;
+  word(in, "steps");
+  job.steps = static_cast<unsigned>(number(in));
+  word(in, "speed");
+  job.speed = number(in);
+
+  auto* zone = sg4::create_full_zone("cluster");
+  word(in, "hosts");
+  std::vector<sg4::Host*> hosts(static_cast<size_t>(number(in)));
+  for (auto& host : hosts) {
+    std::string name = word(in, nullptr);
+    double speed = number(in);
+    int cores = static_cast<int>(number(in));
+    host = zone->create_host(name, speed)->set_core_count(cores)->seal();
+  }
+  word(in, "links");
+  std::unordered_map<std::string, sg4::Link*> links;
+  for (size_t n = static_cast<size_t>(number(in)); n > 0; n--) {
+    std::string name = word(in, nullptr);
+    double bandwidth = number(in), latency = number(in);
+    std::string policy = word(in, nullptr);
+    sg4::Link* link = policy == "split"
+                          ? zone->create_split_duplex_link(name, bandwidth)->set_latency(latency)
+                          : zone->create_link(name, bandwidth)->set_latency(latency);
+    links[name] = link->seal();
+  }
+  word(in, "routes");
+  for (size_t n = static_cast<size_t>(number(in)); n > 0; n--) {
+    auto src = static_cast<size_t>(number(in)), dst = static_cast<size_t>(number(in));
+    std::vector<sg4::LinkInRoute> hops;
+    for (auto k = static_cast<size_t>(number(in)); k > 0; k--) {
+      std::string name = word(in, nullptr), way = word(in, nullptr);
+      auto found = links.find(name);
+      if (found == links.end())
+        throw std::runtime_error("job file: a route crosses unknown link " + name);
+      auto dir = way == "U"   ? sg4::LinkInRoute::Direction::UP
+                 : way == "D" ? sg4::LinkInRoute::Direction::DOWN
+                              : sg4::LinkInRoute::Direction::NONE;
+      hops.emplace_back(found->second, dir);
+    }
+    zone->add_route(hosts.at(src)->get_netpoint(), hosts.at(dst)->get_netpoint(), nullptr,
+                    nullptr, hops, false);
+  }
+  zone->seal();
+  word(in, "ranks");
+  auto ranks = static_cast<size_t>(number(in));
+  for (size_t r = 0; r < ranks; r++) {
+    job.hosts.push_back(hosts.at(static_cast<size_t>(number(in))));
+    job.late.push_back(number(in));
+  }
+  word(in, "wires");
+  for (size_t n = static_cast<size_t>(number(in)); n > 0; n--) {
+    auto src = static_cast<uint64_t>(number(in)), dst = static_cast<uint64_t>(number(in));
+    job.wire_latency[src * ranks + dst] = number(in);
+  }
+  return job;
+}
+
+struct Message {  // what travels: its size, and (fifo) when it lands
+  int64_t bytes;
+  double due = -1;  // unset until its last byte has gone
+};
+
+struct Connection {  // World.box, World.credit, World.wires of one (src, dst)
+  sg4::Mailbox* box = nullptr;
+  sg4::SemaphorePtr credits;
+  std::deque<Message*> queue;  // fifo: handed over, not yet on the wire
+  sg4::SemaphorePtr ready;
+  double latency = 0;
+};
+
+enum Kind : uint8_t { SEND, CREDIT, RECV };
+
+struct Handle {  // _Send, _Credit, _Recv of simgrid.py
+  sg4::CommPtr comm;
+  Message* payload = nullptr;
+  Connection* conn = nullptr;
+  Kind kind = SEND;
+  bool done = false;
+};
+
+class World {
+public:
+  World(const Schedule& schedule, Job job) : s_(schedule), job_(std::move(job)) {
+    size_t p = s_.ranks();
+    actors_.resize(p);
+    finished_.assign(p, -1);
+    where_.assign(p, 0);
+    for (size_t r = 0; r < p; r++)
+      each_message(s_, r, [this](int64_t, int64_t, bool send) { total_ += send; });
+  }
+
+  void start() {
+    for (size_t r = 0; r < s_.ranks(); r++)
+      actors_[r] = sg4::Actor::create("rank" + std::to_string(r), job_.hosts[r],
+                                      [this, r] { rank(r); });
+  }
+
+  void report() const {
+    double last = 0;
+    std::vector<size_t> stuck;
+    for (size_t r = 0; r < finished_.size(); r++) {
+      if (finished_[r] < 0)
+        stuck.push_back(r);
+      else if (finished_[r] > last)
+        last = finished_[r];
+    }
+    std::printf("seconds %.17g\nmessages %" PRId64 "\nbytes %" PRId64 "\n", last, messages_,
+                bytes_);
+    std::printf("stuck %zu", stuck.size());
+    for (size_t r : stuck)
+      std::printf(" %zu %zu", r, where_[r]);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+private:
+  const Schedule& s_;
+  Job job_;
+  std::vector<sg4::ActorPtr> actors_;
+  std::vector<double> finished_;
+  std::vector<size_t> where_;  // the entry a rank is at (a deadlock's report)
+  std::unordered_map<uint64_t, Connection> connections_;
+  int64_t messages_ = 0, bytes_ = 0, total_ = 0, posts_ = 0;
+  std::chrono::steady_clock::time_point shown_ = std::chrono::steady_clock::now();
+
+  Connection& connection(size_t src, size_t dst) {  // World.box and World.credit
+    Connection& c = connections_[src * s_.ranks() + dst];
+    if (c.box == nullptr) {
+      c.box = sg4::Mailbox::by_name(std::to_string(src) + ">" + std::to_string(dst));
+      if (job_.eager)
+        c.box->set_receiver(actors_[dst]);
+      c.credits = sg4::Semaphore::create(job_.steps);
+      auto found = job_.wire_latency.find(src * s_.ranks() + dst);
+      c.latency = found == job_.wire_latency.end() ? 0.0 : found->second;
+    }
+    return c;
+  }
+
+  // World.owe / settle / busy, with the actor's debt on its stack
+  void settle(double& owed) {
+    if (owed != 0) {
+      double flops = owed;
+      owed = 0;
+      sg4::this_actor::execute(flops);
+    }
+  }
+  void busy(double& owed, int64_t messages) {
+    if (job_.overhead != 0 && messages != 0) {
+      owed += job_.overhead * job_.speed * static_cast<double>(messages);
+      settle(owed);
+    }
+  }
+
+  void enqueue(size_t src, size_t dst, Connection& c, Message* m) {  // World.enqueue
+    if (!c.ready) {
+      c.ready = sg4::Semaphore::create(0);
+      sg4::Actor::create("wire" + std::to_string(src) + ">" + std::to_string(dst),
+                         job_.hosts[src], [&c] { wire(c); });
+    }
+    c.queue.push_back(m);
+    c.ready->release();
+  }
+
+  static void wire(Connection& c) {  // World._wire: one message after the other
+    sg4::Actor::self()->daemonize();
+    while (true) {
+      c.ready->acquire();
+      Message* m = c.queue.front();
+      c.queue.pop_front();
+      c.box->put(m, static_cast<uint64_t>(m->bytes));
+      m->due = sg4::Engine::get_clock() + c.latency;
+    }
+  }
+
+  void wait(Handle& h, double& owed) {
+    switch (h.kind) {
+      case SEND:  // _Send.wait
+        settle(owed);
+        if (!h.done) {
+          h.comm->wait();
+          h.comm = nullptr;
+          h.done = true;
+        }
+        break;
+      case CREDIT:  // _Credit.wait
+        settle(owed);
+        if (!h.done) {
+          h.conn->credits->acquire();
+          h.done = true;
+        }
+        break;
+      case RECV: {  // _Recv.wait
+        if (h.done)
+          return;
+        settle(owed);
+        h.comm->wait();
+        h.comm = nullptr;
+        h.done = true;
+        Message* m = h.payload;
+        if (job_.fifo) {  // World.landed, then World.consumed
+          double now = sg4::Engine::get_clock();
+          double due = m->due >= 0 ? m->due : now + h.conn->latency;
+          if (due > now)
+            sg4::this_actor::sleep_until(due);
+          h.conn->credits->release();
+        }
+        delete m;
+        busy(owed, 1);
+        break;
+      }
+    }
+  }
+
+  void progress() {
+    auto now = std::chrono::steady_clock::now();
+    if (now - shown_ >= std::chrono::seconds(1)) {
+      shown_ = now;
+      std::fprintf(stderr, "progress %" PRId64 " %" PRId64 " %.9g\n", messages_, total_,
+                   sg4::Engine::get_clock());
+      std::fflush(stderr);
+    }
+  }
+
+  void rank(size_t r) {  // simgrid.run's actor with schedule.replayer's program
+    double owed = 0;
+    if (job_.launch != 0 || job_.late[r] != 0)
+      sg4::this_actor::sleep_for(job_.launch + job_.late[r]);
+    const int64_t* log = s_.data.data() + s_.start[r];
+    size_t n = s_.start[r + 1] - s_.start[r];
+    size_t posted = 0;
+    each_message(s_, r, [&posted](int64_t, int64_t, bool) { posted++; });
+    std::vector<Handle> handles;
+    handles.reserve(posted);  // a receive's payload pointer must not move
+    for (size_t i = 0; i < n;) {
+      where_[r] = i;
+      if (log[i] == WAIT) {
+        wait(handles.at(static_cast<size_t>(log[i + 1])), owed);
+        i += 2;
+      } else if (log[i] == POST) {  // SimTransport.post
+        int64_t sends = log[i + 1], recvs = log[i + 2];
+        i += 3;
+        busy(owed, sends);
+        settle(owed);
+        for (int64_t k = 0; k < recvs; k++, i += 2) {
+          auto peer = static_cast<size_t>(log[i]);
+          Handle& h = handles.emplace_back();
+          h.kind = RECV;
+          h.conn = &connection(peer, r);
+          h.comm = h.conn->box->get_async<Message>(&h.payload);
+        }
+        for (int64_t k = 0; k < sends; k++, i += 2) {
+          auto peer = static_cast<size_t>(log[i]);
+          auto* m = new Message{log[i + 1]};
+          Connection& c = connection(r, peer);
+          Handle& h = handles.emplace_back();
+          h.conn = &c;
+          if (job_.fifo) {
+            enqueue(r, peer, c, m);
+            h.kind = CREDIT;
+          } else {
+            h.kind = SEND;
+            h.comm = c.box->put_async(m, static_cast<uint64_t>(m->bytes));
+          }
+          messages_ += 1;
+          bytes_ += m->bytes;
+        }
+        if ((++posts_ & 1023) == 0)
+          progress();
+      } else {  // REDUCE
+        if (job_.reductions)
+          owed += static_cast<double>(log[i + 1]);
+        i += 2;
+      }
+    }
+    where_[r] = n;
+    settle(owed);
+    finished_[r] = sg4::Engine::get_clock();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc >= 3 && std::string(argv[1]) == "pairs") {
+      Schedule s = read_schedule(argv[2]);
+      for (size_t r = 0; r < s.ranks(); r++) {
+        std::set<int64_t> peers;
+        each_message(s, r, [&peers](int64_t peer, int64_t, bool send) {
+          if (send)
+            peers.insert(peer);
+        });
+        for (int64_t peer : peers)
+          std::printf("%zu %" PRId64 "\n", r, peer);
+      }
+      return 0;
+    }
+    if (argc < 4 || std::string(argv[1]) != "run") {
+      std::fprintf(stderr, "usage: %s pairs SCHEDULE | run JOB SCHEDULE [--cfg=...]\n",
+                   argv[0]);
+      return 2;
+    }
+    std::string job_path = argv[2], schedule_path = argv[3];
+    std::vector<char*> args{argv[0]};
+    for (int i = 4; i < argc; i++)
+      args.push_back(argv[i]);
+    int count = static_cast<int>(args.size());
+    args.push_back(nullptr);
+    sg4::Engine engine(&count, args.data());
+    Schedule schedule = read_schedule(schedule_path);
+    Job job = read_job(job_path);
+    if (job.hosts.size() != schedule.ranks())
+      throw std::runtime_error("the job's ranks and the schedule's differ");
+    World world(schedule, std::move(job));
+    world.start();
+    engine.run();
+    world.report();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
