@@ -173,7 +173,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     if algorithm == "pat" and cluster is not None:
         check_pat(cluster, topology.name)
     if prediction is not None and pair is None and not callable(algorithm):
-        pair = prediction.counterpart(algorithm)
+        pair = _counterpart(prediction, algorithm, topology.name)
     if not callable(algorithm) and algorithm != "nvls" and \
             algorithm not in registry.find(name):
         raise ValueError(f"{name} has no algorithm {algorithm!r}; choose from "
@@ -186,8 +186,9 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
                          f"{', '.join(sim.SEMANTICS)}")
     if real is None:
         real = p * nbytes <= REAL_UP_TO
-    if algorithm == "nvls" and cluster is not None:  # NCCL's NVLS latency
-        topology = dataclasses.replace(topology, launch=nvls_latency(cluster))
+    if algorithm == "nvls" and cluster is not None:  # NCCL's NVLS latency, all of it
+        topology = dataclasses.replace(topology, launch=nvls_latency(cluster),
+                                       latency=0.0)
     op = op.upper() if isinstance(op, str) else ops.op_name(op)
     result = run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
                  real, trace, options or {}, late or {}, semantics,
@@ -235,11 +236,22 @@ def check_pat(cluster: nccl_model.Cluster, name: str) -> None:
 
 
 def nvls_latency(cluster: nccl_model.Cluster) -> float:
-    """Seconds NCCL's model charges an NVLS all-reduce before its bytes: the
+    """Seconds NCCL's model charges an NVLS all-reduce besides its bytes: the
     NVLink hop of NVLS (25 us, Simple), and the network's across nodes
     (``hwLatencies``, ``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL
-    2.30.7)."""
+    2.30.7).  The simulation charges it once, before the first message, and no
+    latency per message to and from the switch."""
     return nccl_model.latency("all_reduce", "nvls", "simple", cluster) * 1e-6
+
+
+def _counterpart(prediction: nccl_model.Prediction, algorithm: str, name: str
+                 ) -> tuple[str, str] | None:
+    """NCCL's pair for the registry's ``algorithm`` under the protocol the
+    topology ``name`` runs (``"h100-node/ll"``), or its fastest protocol."""
+    protocol = name.rpartition("/")[2]
+    pair = prediction.counterpart(algorithm)
+    same = pair and (pair[0], protocol)
+    return same if same in prediction else pair
 
 
 def _cluster(topology: topologies.Topology) -> nccl_model.Cluster | None:
@@ -587,13 +599,20 @@ def main(argv: list[str] | None = None) -> int:
                      trace=bool(args.timeline) or None, semantics=args.semantics)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
-              + (f"   {model.beside(r.algorithm)}" if model else ""))
+              + (f"   {_beside(r)}" if model else ""))
         if args.timeline and r.trace is not None:
             from colltutor import draw
 
             draw.timeline(r.trace).savefig(args.timeline)
             args.timeline = None
     return 0
+
+
+def _beside(r: Result) -> str:
+    """NCCL's model for the pair a run stands for (``r.nccl_pair``), for a row."""
+    if r.nccl is None or r.nccl_pair is None:
+        return "NCCL -"
+    return f"NCCL {'/'.join(r.nccl_pair)} {r.nccl[r.nccl_pair] * 1e6:.1f} us"
 
 
 class _Module(types.ModuleType):
