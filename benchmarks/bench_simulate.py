@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 256 1024] [--size 1M]
     .venv/bin/python benchmarks/bench_simulate.py --speed [--ranks 64 1024] [--size 1G]
                                           [--semantics fifo] [--runs 3]
-    .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink latency machine]
+    .venv/bin/python benchmarks/bench_simulate.py --fidelity [nvlink nvls latency
+                                          machine]
                                           [--semantics fifo] [--replay]
     .venv/bin/python benchmarks/bench_simulate.py --scale [ranks large sizes rails
                                           straggler all_to_all protocols] [--budget N]
@@ -67,6 +68,12 @@ PUBLISHED = {
                                  "non-allreduce operations)"),
 }
 """Published nccl-tests busbw (GB/s) on 8 H100 SXM at large sizes, and where."""
+
+NVLS_PUBLISHED = {2: 368, 4: 368, 5: 420, 6: 440, 7: 460, 8: 480}
+NVLS_SOURCE = ("NVIDIA/nccl#1455 (8 H100 SXM, NGC PyTorch container, NCCL version "
+               "not given, NCCL_ALGO=NVLS all_reduce_perf -b 2G -e 4G: 365-370 GB/s "
+               "busbw on 2-4 GPUs, then 420, 440, 460, 480 on 5-8)")
+"""Published NVLS all-reduce busbw (GB/s) on G GPUs of one H100 node."""
 
 
 def messages(collective: str, algorithm: str, p: int, nbytes: int) -> int | None:
@@ -222,6 +229,26 @@ def nvlink_fidelity(semantics: str = "lockstep") -> list[dict]:
                     "semantics": semantics, "nccl_model_busbw": model,
                     "nccl_model_pair": pair,
                     "of_published": got[0] / value if value else None})
+    return out
+
+
+def nvls_fidelity(semantics: str = "fifo", nbytes: int = 1 << 30) -> list[dict]:
+    """NVLink SHARP all-reduce on 2 to 8 GPUs of a node against the published
+    curve and NCCL's tuning model."""
+    print(f"# (1b) NVLS all-reduce busbw at {human(nbytes)} on G GPUs of an H100 "
+          f"node (GB/s), {semantics} semantics; published: {NVLS_SOURCE}")
+    print(f"# {'G':>3} {'simulated':>10} {'published':>10} {'model':>7}")
+    out = []
+    for gpus in (2, 4, 8):
+        r = colltutor.simulate("all_reduce", nbytes, f"h100-node:{gpus}", "nvls",
+                               real=False, trace=False, semantics=semantics)
+        model = r.nccl.busbw(("nvls", "simple")) / 1e9
+        print(f"  {gpus:3d} {r.busbw:10.1f} {NVLS_PUBLISHED[gpus]:10d} {model:7.1f}",
+              flush=True)
+        out.append({"gpus": gpus, "bytes": nbytes, "busbw": r.busbw,
+                    "published": NVLS_PUBLISHED[gpus], "source": NVLS_SOURCE,
+                    "nccl_model_busbw": model, "semantics": semantics,
+                    "of_published": r.busbw / NVLS_PUBLISHED[gpus]})
     return out
 
 
@@ -419,8 +446,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=2_200_000,
                     help="skip runs that send more messages than this")
     ap.add_argument("--algorithms", nargs="*", help="only these (default: all)")
-    ap.add_argument("--fidelity", nargs="*", choices=["nvlink", "latency", "machine"],
-                    help="compare with measurements (default: all three parts)")
+    ap.add_argument("--fidelity", nargs="*",
+                    choices=["nvlink", "nvls", "latency", "machine"],
+                    help="compare with measurements (default: all four parts)")
     ap.add_argument("--scale", nargs="*", choices=["ranks", "large", "sizes",
                                                    "rails", "spine", "straggler",
                                                    "all_to_all", "protocols"],
@@ -442,10 +470,12 @@ def main() -> None:
     start = time.perf_counter()
     rows: dict[str, list[dict]] = {}
     if args.fidelity is not None:
-        parts = args.fidelity or ["nvlink", "latency", "machine"]
+        parts = args.fidelity or ["nvlink", "nvls", "latency", "machine"]
         tail = "" if args.semantics == "lockstep" else f"_{args.semantics}"
         if "nvlink" in parts:
             rows["nvlink" + tail] = nvlink_fidelity(args.semantics)
+        if "nvls" in parts:
+            rows["nvls" + tail] = nvls_fidelity(args.semantics)
         if "latency" in parts:
             rows["latency" + tail] = latency_fidelity(
                 [8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10, args.semantics,

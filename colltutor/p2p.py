@@ -199,6 +199,7 @@ class Comm:
         self.route: list[int] | None = None  # peers' group ranks, in a view
         self.cut: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
         self.segment_bytes: int | None = None  # None: SEGMENT_BYTES
+        self.in_flight = 2  # segments of a reducing step posted ahead (slots)
         self.phases: list[str] = []
         self._steps = [0]  # shared with this comm's views, so steps number on
         self._unfinished: list[Pending] = []  # waited for, still running (NCCL)
@@ -327,8 +328,10 @@ class Comm:
         every reducing ring, halving and doubling.  ``send`` and ``acc`` may be the
         same tensor: a segment is combined only once it has been sent.
 
-        Both messages travel in :func:`segments`, two in flight, so combining one
-        overlaps receiving the next; in place, each lands in a reused slot.
+        Both messages travel in :func:`segments`, :attr:`in_flight` of them (two)
+        posted ahead, so combining one overlaps receiving the next; in place, each
+        lands in a reused slot.  (A simulated NCCL connection keeps ``NCCL_STEPS``
+        in flight, the slots of its FIFO.)
         """
         most = self.segment_bytes
         outgoing = segments(send, most) if send is not None else []
@@ -342,7 +345,8 @@ class Comm:
                 sends=[(dst, outgoing[i])] if i < len(outgoing) else [],
                 recvs=[(src, landing[i])] if i < len(incoming) else [])
 
-        posted = [post(i) for i in range(min(2, count))]
+        ahead = self.in_flight
+        posted = [post(i) for i in range(min(ahead, count))]
         for i in range(count):
             posted[i].wait()
             if i < len(incoming):
@@ -350,8 +354,8 @@ class Comm:
                     ops.combine(op, incoming[i], landing[i])
                 else:
                     ops.combine(op, incoming[i], addends[i])
-            if i + 2 < count:
-                posted.append(post(i + 2))
+            if i + ahead < count:
+                posted.append(post(i + ahead))
 
     def recv_any(self, tensor: torch.Tensor) -> int:
         """Receive from whichever rank sends first (gloo only); return its rank."""
@@ -380,20 +384,20 @@ class Comm:
         return _kept_buffer(state["buffers"], key, numel, like)
 
     def _slots(self, incoming: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Where the segments of a message land before they are combined: two slots
-        the size of its longest segment, used in turn (one while it is short)."""
+        """Where the segments of a message land before they are combined:
+        :attr:`in_flight` slots (two) the size of its longest segment, used in turn
+        (one while it is short)."""
         like = incoming[0]
-        size = like.numel()
+        size, n = like.numel(), min(self.in_flight, len(incoming))
         state = _scratch.__dict__
         if state.get("active"):
             region = _kept_buffer(state["buffers"], (like.device, "slots"),
-                                  size * min(2, len(incoming)), like)
+                                  size * n, like)
         else:
             region = _kept_buffer(self.__dict__.setdefault("_own", {}), "slots",
-                                  size * min(2, len(incoming)), like)
-        slots = [region.narrow(0, 0, size), region.narrow(0, size * (len(incoming) > 1),
-                                                          size)]
-        return [slots[i % 2].narrow(0, 0, t.numel()) for i, t in enumerate(incoming)]
+                                  size * n, like)
+        slots = [region.narrow(0, size * k, size) for k in range(n)]
+        return [slots[i % n].narrow(0, 0, t.numel()) for i, t in enumerate(incoming)]
 
     def _kept(self, messages: Iterable[Message]) -> list[Message]:
         """The messages worth posting (empty ones are skipped), checked, in group

@@ -22,6 +22,7 @@ uses this module.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from colltutor import ops, p2p, registry, schedule, topologies, tuning
+from colltutor import nccl_model, ops, p2p, registry, schedule, topologies, tuning
 from colltutor import trace as tracing
 from colltutor.transports import simgrid as sim
 
@@ -85,6 +86,12 @@ class Result:
     (``"no C++ compiler (g++)"``, ``"no SimGrid headers ..."``)."""
     recorded: float = 0.0
     """Real seconds recording the messages took (a replay, not from the cache)."""
+    nccl: nccl_model.Prediction | None = field(default=None, repr=False)
+    """NCCL's tuning model for this collective on this topology (a GPU one), every
+    pair's time and its ``choice`` (:func:`colltutor.nccl_model.nccl_model`)."""
+    nccl_pair: tuple[str, str] | None = None
+    """The (algorithm, protocol) pair of NCCL's that this run stands for: the one
+    simulate ran for NCCL's choice, or the counterpart of the algorithm named."""
 
     @property
     def algbw(self) -> float:
@@ -117,10 +124,14 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     ``nbytes`` is the collective's size as nccl-tests counts it (the tensor; the
     whole gathered or scattered buffer; all a rank sends for all-to-all).
     ``topology``: a name from :func:`colltutor.topologies.topologies` or a topology
-    object.  ``algorithm``: a name from ``colltutor.algorithms(collective)``
-    (default: colltutor's own choice, :func:`colltutor.tuning.choose`), or
-    ``"nvls"`` for NVLink SHARP.  ``real``: real tensors, whose result is checked
-    (default: when all buffers together hold at most :data:`REAL_UP_TO` bytes).
+    object.  ``algorithm``: a name from ``colltutor.algorithms(collective)``, or
+    ``"nvls"`` for NVLink SHARP; by default, on a GPU topology, what NCCL would
+    run (:func:`nccl_choice`: the choice of :func:`colltutor.nccl_model.nccl_model`,
+    under its protocol unless the topology's name gives one), elsewhere
+    colltutor's own choice (:func:`colltutor.tuning.choose`).  ``"pat"`` on a GPU
+    topology needs one GPU per node, as NCCL's PAT does (:func:`check_pat`).
+    ``real``: real tensors, whose result is checked (default: when all buffers
+    together hold at most :data:`REAL_UP_TO` bytes).
     ``trace``: record a trace (default: on at most :data:`TRACE_UP_TO` ranks that
     send at most :data:`TRACE_MESSAGES` messages).  ``options``: keyword arguments
     for the algorithm (``{"channels": 4}``).  ``late``: stragglers, ``{rank:
@@ -149,13 +160,25 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     if not sim.available():
         raise sim.SimGridMissing()
     sim.load()  # a SimGrid release the transport cannot use stops here, named
+    named_protocol = isinstance(topology, str) and "/" in topology
     topology = topologies.get(topology)
     p = topology.ranks
     name = collective.removesuffix("_tensor").removesuffix("_single")
     if name not in registry.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; choose from "
                          f"{', '.join(registry.COLLECTIVES)}")
+    cluster = _cluster(topology)
+    prediction = nccl_model.predict(name, nbytes, topology) if cluster else None
+    pair = None
+    if algorithm is None and prediction is not None:
+        algorithm, pair = nccl_choice(name, prediction, bool(topology.nvls))
+        if algorithm is not None and not named_protocol:
+            topology = topologies.with_protocol(topology, pair[1])
     algorithm = algorithm or tuning.choose(name, nbytes, p)
+    if algorithm == "pat" and cluster is not None:
+        check_pat(cluster, topology.name)
+    if prediction is not None and pair is None and not callable(algorithm):
+        pair = _counterpart(prediction, algorithm, topology.name)
     if not callable(algorithm) and algorithm != "nvls" and \
             algorithm not in registry.find(name):
         raise ValueError(f"{name} has no algorithm {algorithm!r}; choose from "
@@ -168,11 +191,81 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
                          f"{', '.join(sim.SEMANTICS)}")
     if real is None:
         real = p * nbytes <= REAL_UP_TO
+    if algorithm == "nvls" and cluster is not None:  # NCCL's NVLS latency, all of it
+        topology = dataclasses.replace(topology, launch=nvls_latency(cluster),
+                                       latency=0.0)
     op = op.upper() if isinstance(op, str) else ops.op_name(op)
-    return run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
-               real, trace, options or {}, late or {}, semantics,
-               str(schedule.cache_dir()) if replay else None, backend="gloo",
-               timeout=timeout, stream=replay)[0]  # a long replay's progress, live
+    result = run(_simulate_here, 1, name, nbytes, topology, algorithm, op, dtype, root,
+                 real, trace, options or {}, late or {}, semantics,
+                 str(schedule.cache_dir()) if replay else None, backend="gloo",
+                 timeout=timeout, stream=replay)[0]  # a long replay's progress, live
+    result.nccl, result.nccl_pair = prediction, pair
+    return result
+
+
+NCCL_ALGORITHMS = {
+    "ring": ("ring", "pipelined_ring"),
+    "tree": ("nccl_tree", "double_binary_tree"),
+    "nvls": ("nvls",),
+    "pat": ("pat",),
+}
+"""NCCL's algorithms (:data:`colltutor.nccl_model.ALGORITHMS`) and the registry's
+that run them here, preferred first."""
+
+
+def nccl_choice(collective: str, prediction: nccl_model.Prediction,
+                nvls: bool = True) -> tuple[str | None, tuple[str, str] | None]:
+    """The registry's algorithm (or ``"nvls"``, where ``nvls``: the switch
+    reduces) for NCCL's choice in ``prediction``, and that (algorithm, protocol)
+    pair; when the choice has no algorithm here (``nvls_tree``), NCCL's next
+    fastest pair that has one; ``(None, None)`` when none has."""
+    have = registry.find(collective)
+    for pair in sorted(prediction, key=prediction.__getitem__):
+        for name in NCCL_ALGORITHMS.get(pair[0], ()):
+            if name in have or (name == "nvls" and nvls
+                                and collective == "all_reduce"):
+                return name, pair
+    return None, None
+
+
+def check_pat(cluster: nccl_model.Cluster, name: str) -> None:
+    """Raise ``ValueError`` unless NCCL would run PAT on ``cluster``: only with one
+    GPU per node (``ncclPatEnable``, ``src/graph/tuning.cc``, NCCL 2.30.7: also a
+    host network and SM60 or newer, which H100 clusters have)."""
+    if not nccl_model.pat_enabled(cluster):
+        raise ValueError(
+            f"pat on {name}: NCCL enables PAT only with one GPU per node "
+            f"(ncclPatEnable in src/graph/tuning.cc, NCCL {nccl_model.VERSION}: "
+            f"nNodes == nRanks), and {name} has {cluster.gpus} per node; simulate "
+            "it on h100-cluster-1gpu:N, or on a star or this-machine topology")
+
+
+def nvls_latency(cluster: nccl_model.Cluster) -> float:
+    """Seconds NCCL's model charges an NVLS all-reduce besides its bytes: the
+    NVLink hop of NVLS (25 us, Simple), and the network's across nodes
+    (``hwLatencies``, ``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL
+    2.30.7).  The simulation charges it once, before the first message, and no
+    latency per message to and from the switch."""
+    return nccl_model.latency("all_reduce", "nvls", "simple", cluster) * 1e-6
+
+
+def _counterpart(prediction: nccl_model.Prediction, algorithm: str, name: str
+                 ) -> tuple[str, str] | None:
+    """NCCL's pair for the registry's ``algorithm`` under the protocol the
+    topology ``name`` runs (``"h100-node/ll"``), or its fastest protocol."""
+    protocol = name.rpartition("/")[2]
+    pair = prediction.counterpart(algorithm)
+    same = pair and (pair[0], protocol)
+    return same if same in prediction else pair
+
+
+def _cluster(topology: topologies.Topology) -> nccl_model.Cluster | None:
+    """The nodes and GPUs NCCL's model reads of ``topology``, or ``None`` where it
+    is not a GPU topology."""
+    try:
+        return nccl_model.cluster_of(topology)
+    except ValueError:
+        return None
 
 
 # -- inside the simulation's process ---------------------------------------------
@@ -200,9 +293,10 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
 
     def program(comm: p2p.Comm) -> Any:
         return _program(comm, collective, algorithm, p, count, dtype, device, root,
-                        op, options, recorders if real else [])
+                        op, options, recorders if real else [], topology.step)
 
     def switch(comm: p2p.Comm) -> None:
+        comm.segment_bytes = topology.step or comm.segment_bytes
         if comm.rank == p:
             nvls_reducer(comm, count, dtype, device, op)
         else:
@@ -232,8 +326,14 @@ def _simulate_here(collective: str, nbytes: int, topology: Any, algorithm: Any,
 
 def _program(comm: p2p.Comm, collective: str, algorithm: Any, p: int, count: int,
              dtype: torch.dtype, device: torch.device, root: int, op: object,
-             options: dict[str, Any], recorders: list) -> Any:
-    """One rank of the simulation: its buffers, then the algorithm on them."""
+             options: dict[str, Any], recorders: list, step: int | None = None
+             ) -> Any:
+    """One rank of the simulation: its buffers, then the algorithm on them, its
+    messages cut into pipeline steps of at most ``step`` bytes (the topology's
+    protocol, :attr:`colltutor.topologies.Protocol.step`), ``NCCL_STEPS`` of
+    them in flight as in a connection's FIFO (``src/device/prims_simple.h``)."""
+    if step:  # NCCL's pipeline: steps of the protocol, its FIFO's slots in flight
+        comm.segment_bytes, comm.in_flight = step, topologies.NCCL_STEPS
     bufs = buffers(collective, comm.rank, p, count, dtype, device, root)
     if recorders and isinstance(bufs[0], torch.Tensor):
         recorders[comm.rank].watch(bufs[0])
@@ -263,12 +363,12 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
     p, meta = topology.ranks, torch.device("meta")
     name = None if callable(algorithm) else schedule.key(
         collective, algorithm, nbytes, str(dtype), p, topology.ranks_per_node, root,
-        op_name, sorted(options.items()))
+        op_name, sorted(options.items()), topology.step)
     start = time.perf_counter()
     try:
         path, hit, own = schedule.stored(cache, name, lambda: schedule.record(
             lambda comm: _program(comm, collective, algorithm, p, count, dtype, meta,
-                                  root, op, options, []), p, meta))
+                                  root, op, options, [], topology.step), p, meta))
     except schedule.Polls:
         return None
     recorded = 0.0 if hit else time.perf_counter() - start
@@ -525,13 +625,20 @@ def main(argv: list[str] | None = None) -> int:
                      replay=args.replay)
         print(f"  {r.algorithm:>20} {r.seconds * 1e6:12.1f} {r.algbw:8.2f} "
               f"{r.busbw:8.2f} {r.messages:9d} {r.wall:8.2f}"
-              + (f"   {model.beside(r.algorithm)}" if model else ""))
+              + (f"   {_beside(r)}" if model else ""))
         if args.timeline and r.trace is not None:
             from colltutor import draw
 
             draw.timeline(r.trace).savefig(args.timeline)
             args.timeline = None
     return 0
+
+
+def _beside(r: Result) -> str:
+    """NCCL's model for the pair a run stands for (``r.nccl_pair``), for a row."""
+    if r.nccl is None or r.nccl_pair is None:
+        return "NCCL -"
+    return f"NCCL {'/'.join(r.nccl_pair)} {r.nccl[r.nccl_pair] * 1e6:.1f} us"
 
 
 class _Module(types.ModuleType):

@@ -8,8 +8,10 @@ Python, so routes can be printed and tested without SimGrid.  The presets
 (:func:`topologies`):
 
 * ``"h100-node"``: 8 H100 GPUs on NVSwitch, 450 GB/s per GPU per direction;
+  ``"h100-node:G"``: G of them (2 to 8);
 * ``"h100-cluster:N"``: N such nodes, one 400 Gb/s NIC per GPU, a rail-optimised
   two-level fat tree; ``"h100-cluster-oversubscribed:N"``: its spine at 2:1;
+  ``"h100-cluster-1gpu:N"``: N nodes of one GPU each (where NCCL runs PAT);
 * ``"this-machine:P"``: P ranks sharing this machine's memory and cores, with the
   alpha, beta and gamma that :func:`colltutor.cost.measure` fits here, so
   simulation, model and measurement meet on the reader's own machine;
@@ -18,7 +20,8 @@ Python, so routes can be printed and tested without SimGrid.  The presets
 
 What Python cannot express of NCCL's GPU side (its LL, LL128 and Simple protocols,
 how fast a channel's thread blocks copy) enters as a :class:`Protocol`: a payload
-fraction of each link and a latency per hop, taken from NCCL's own tuning tables.
+fraction of each link, a latency per hop paid once per pipeline step, the step's
+size and a bandwidth cap, taken from NCCL's own buffers and tuning tables.
 The book's chapter on simulated clusters explains these models.
 """
 
@@ -47,20 +50,33 @@ class Link:
     latency: float = 0.0
 
 
+NCCL_STEPS = 8
+"""Slots of a connection's FIFO, each one pipeline step (``NCCL_STEPS``,
+``src/include/device.h``, NCCL 2.30.7)."""
+
+
 @dataclass(frozen=True)
 class Protocol:
     """How NCCL moves bytes over a link, as model parameters.
 
     ``nvlink`` and ``net``: the fraction of an NVLink or NIC link's rate that
-    carries payload; ``nvlink_hop`` and ``net_hop``: seconds a message waits per
-    hop; ``launch``: seconds before a collective's first message.  The values are
-    NCCL's (``src/graph/topo.h``, ``src/graph/tuning.cc``): its channels' thread
-    blocks move 20.6 of an H100 NVLink's 25 GB/s (``SM90_NVLINK_BW``: the copy
-    rate of the SMs and NVLink's own packet overhead, which Python cannot
-    express, enter here); LL sends a flag with every 8 bytes of payload (half the
-    rate), LL128 one per 128 bytes (NCCL counts 0.92); Simple sends whole chunks
-    and waits for them (more latency).  NVIDIA quotes 46-48 GB/s for a 400 Gb/s
-    NIC (NVIDIA/nccl-tests issue 290).
+    carries payload; ``nvlink_hop`` and ``net_hop``: seconds a pipeline step waits
+    per hop (``hwLatencies``, ring row); ``launch``: seconds before a collective's
+    first message (``baseLatencies``); ``buffer``: bytes of a connection's buffer,
+    ``payload``: the fraction of them that is data, so that a pipeline step
+    carries ``step`` = ``buffer / NCCL_STEPS * payload`` bytes and pays its
+    latency once.  The values are NCCL 2.30.7's (``src/graph/topo.h``,
+    ``src/graph/tuning.cc``, ``src/init.cc``, ``src/include/device.h``): its
+    channels' thread blocks move 20.6 of an H100 NVLink's 25 GB/s
+    (``SM90_NVLINK_BW``: the copy rate of the SMs and NVLink's own packet
+    overhead, which Python cannot express, enter here); LL sends a flag with every
+    8 bytes of payload in 16-byte lines (half the rate; ``DEFAULT_LL_BUFFSIZE`` =
+    8 lines x 512 threads x 8 steps x 16 bytes), LL128 one 8-byte flag per 128-byte
+    line (120/128 payload; NCCL's model counts 0.92; ``DEFAULT_LL128_BUFFSIZE`` =
+    120 elements x 640 threads x 8 steps x 8 bytes); Simple sends 4 MiB buffers
+    (``DEFAULT_BUFFSIZE``) of 8 steps and waits for them (more latency).  NVIDIA
+    quotes 46-48 GB/s for a 400 Gb/s NIC (NVIDIA/nccl-tests issue 290).  The
+    bandwidth caps of NCCL's model are :func:`protocol_cap`'s.
     """
 
     name: str
@@ -69,15 +85,53 @@ class Protocol:
     nvlink_hop: float
     net_hop: float
     launch: float
+    buffer: int | None = None
+    payload: float = 1.0
+
+    @property
+    def step(self) -> int | None:
+        """Payload bytes of one pipeline step (``None``: no pipeline steps)."""
+        return int(self.buffer / NCCL_STEPS * self.payload) if self.buffer else None
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("ideal", 1.0, 1.0, 0.0, 0.0, 0.0),
-    Protocol("simple", 20.6 / 25, 47 / 50, 3.4e-6, 14e-6, 8.4e-6),
-    Protocol("ll128", 20.6 / 25 * 0.92, 47 / 50 * 0.92, 1.9e-6, 4.0e-6, 14e-6),
-    Protocol("ll", 20.6 / 25 * 0.5, 47 / 50 * 0.5, 0.6e-6, 2.7e-6, 6.6e-6),
+    Protocol("simple", 20.6 / 25, 47 / 50, 3.4e-6, 14e-6, 8.4e-6, 1 << 22),
+    Protocol("ll128", 20.6 / 25 * 0.92, 47 / 50 * 0.92, 1.9e-6, 4.0e-6, 14e-6,
+             120 * 640 * NCCL_STEPS * 8, 120 / 128),
+    Protocol("ll", 20.6 / 25 * 0.5, 47 / 50 * 0.5, 0.6e-6, 2.7e-6, 6.6e-6,
+             8 * 512 * NCCL_STEPS * 16, 0.5),
 )}
 """``ideal`` is the hardware's raw rate with no latency; the others are NCCL's."""
+
+NET_OVERHEAD = 1e-6
+"""Seconds a step waits at least on a node of a multi-node job: NCCL's network
+post overhead on x86 Intel hosts (``getNetOverhead``), charged x3 for Simple to
+every intra-node step of a ring across nodes (``ncclTopoTuneModel``,
+``src/graph/tuning.cc``, NCCL 2.30.7)."""
+
+
+def protocol_cap(protocol: str, nodes: int, gpus: int) -> float | None:
+    """The bus bandwidth (bytes/s) NCCL's model allows a ring under ``protocol`` on
+    ``nodes`` nodes of ``gpus`` GPUs, or ``None`` (no cap): LL at most
+    ``llMaxBws`` (Hopper's row on one node, the x86 CPU's across nodes), LL128
+    at most ``perChMaxRingLL128Bws`` per channel of the ring graph
+    (``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL 2.30.7; the tables in
+    :mod:`colltutor.nccl_model`).  The presets cap each GPU's links with it."""
+    from colltutor import nccl_model as m
+
+    i2 = min(nodes, 3) - 1
+    if protocol == "ll":
+        return (m.LL_MAX_BW_HOPPER if nodes == 1 else m.LL_MAX_BW_INTEL)[i2] * GB
+    if protocol == "ll128":
+        channels = m.ring_graph(m.Cluster(nodes, gpus, nvswitch=gpus > 1)).channels
+        return channels * m.PER_CH_MAX_RING_LL128_BW[i2] * GB
+    return None
+
+
+def _capped(rate: float, cap: float | None) -> float:
+    return min(rate, cap) if cap else rate
+
 
 NVLS_EFFICIENCY = 0.85
 """The fraction of NVLink's payload rate that NVLink SHARP sustains on H100
@@ -100,7 +154,10 @@ class Star:
     ``None``.  ``gamma``: seconds per byte reduced on a rank; ``overhead``: CPU
     seconds a message costs its sender and its receiver; ``launch``: seconds before the
     first message; ``eager``: messages move before their receive is posted, into
-    buffers set up in advance, as NCCL's do (gloo waits for the receiver).
+    buffers set up in advance, as NCCL's do (gloo waits for the receiver);
+    ``step``: the bytes of a pipeline step (:attr:`Protocol.step`): messages
+    travel in pieces of at most that, each paying the route's latency (``None``:
+    :data:`colltutor.p2p.SEGMENT_BYTES`).
     """
 
     name: str
@@ -113,6 +170,7 @@ class Star:
     overhead: float = 0.0
     launch: float = 0.0
     eager: bool = False
+    step: int | None = None
     star = True
 
     @property
@@ -163,6 +221,7 @@ class RailCluster:
     launch: float = 0.0
     nvls: float | None = None
     eager: bool = True
+    step: int | None = None
     star = False
 
     @property
@@ -223,6 +282,7 @@ class Machine:
     launch: float = 0.0
     eager: bool = False
     nvls: float | None = None
+    step: int | None = None
     star = True
 
     @property
@@ -238,26 +298,39 @@ class Machine:
 Topology = Star | RailCluster | Machine
 
 
-def h100_node(protocol: str = "simple") -> Star:
-    """8 H100 SXM GPUs on NVSwitch: 18 NVLink 4 links of 25 GB/s per GPU, 450 GB/s
-    per direction, with NVLink SHARP; ``protocol``: a key of :data:`PROTOCOLS`."""
+def h100_node(protocol: str = "simple", gpus: int = 8) -> Star:
+    """``gpus`` (2 to 8) H100 SXM GPUs of one node on NVSwitch: 18 NVLink 4 links of
+    25 GB/s per GPU, 450 GB/s per direction, with NVLink SHARP; ``protocol``: a
+    key of :data:`PROTOCOLS`, whose rate NCCL's cap bounds (:func:`protocol_cap`)."""
+    if not 2 <= gpus <= 8:
+        raise ValueError(f"an H100 node has 2 to 8 GPUs, not {gpus}")
     proto = PROTOCOLS[protocol]
-    rate = 450 * GB * proto.nvlink
-    return Star(f"h100-node/{protocol}", 8, rate, proto.nvlink_hop, H100_GAMMA,
-                nvls=rate * NVLS_EFFICIENCY, launch=proto.launch, eager=True)
+    rate = _capped(450 * GB * proto.nvlink, protocol_cap(protocol, 1, gpus))
+    name = "h100-node" + (f":{gpus}" if gpus != 8 else "")
+    return Star(f"{name}/{protocol}", gpus, rate, proto.nvlink_hop, H100_GAMMA,
+                nvls=450 * GB * proto.nvlink * NVLS_EFFICIENCY, launch=proto.launch,
+                eager=True, step=proto.step)
 
 
 def h100_cluster(nodes: int, oversubscription: float = 1.0,
-                 protocol: str = "simple") -> RailCluster:
-    """``nodes`` H100 nodes (:func:`h100_node`), a 400 Gb/s NIC per GPU on a
-    rail-optimised fat tree of 64-port switches (32 nodes per leaf, as in NVIDIA's
-    DGX SuperPOD), its spine oversubscribed ``oversubscription``:1."""
+                 protocol: str = "simple", gpus: int = 8) -> RailCluster:
+    """``nodes`` H100 nodes of ``gpus`` GPUs (:func:`h100_node`), a 400 Gb/s NIC
+    per GPU on a rail-optimised fat tree of 64-port switches (32 nodes per leaf, as
+    in NVIDIA's DGX SuperPOD), its spine oversubscribed ``oversubscription``:1.
+    Across nodes an intra-node step waits at least NCCL's network post overhead
+    (:data:`NET_OVERHEAD`), and the protocol's cap bounds every GPU's links."""
     proto = PROTOCOLS[protocol]
-    name = "h100-cluster" + ("-oversubscribed" if oversubscription > 1 else "")
-    return RailCluster(f"{name}:{nodes}/{protocol}", nodes, 8, 450 * GB * proto.nvlink,
-                       proto.nvlink_hop, 50 * GB * proto.net, proto.net_hop,
+    name = "h100-cluster" + ("-oversubscribed" if oversubscription > 1 else "") + (
+        "-1gpu" if gpus == 1 else "" if gpus == 8 else f"-{gpus}gpu")
+    cap = protocol_cap(protocol, nodes, gpus)
+    hop = proto.nvlink_hop
+    if nodes > 1 and protocol != "ideal":
+        hop = max(hop, NET_OVERHEAD * (3 if protocol == "simple" else 1))
+    return RailCluster(f"{name}:{nodes}/{protocol}", nodes, gpus,
+                       _capped(450 * GB * proto.nvlink, cap), hop,
+                       _capped(50 * GB * proto.net, cap), proto.net_hop,
                        oversubscription=oversubscription, gamma=H100_GAMMA,
-                       launch=proto.launch)
+                       launch=proto.launch, step=proto.step)
 
 
 def this_machine(alpha: float | None = None, beta: float | None = None,
@@ -285,9 +358,10 @@ def _fitted() -> dict[str, float]:
 
 
 PRESETS = {
-    "h100-node": lambda n=None: h100_node(),
+    "h100-node": lambda n=None: h100_node(gpus=int(n or 8)),
     "h100-cluster": lambda n: h100_cluster(int(n)),
     "h100-cluster-oversubscribed": lambda n: h100_cluster(int(n), oversubscription=2),
+    "h100-cluster-1gpu": lambda n: h100_cluster(int(n), gpus=1),
     "this-machine": lambda n=None: this_machine(ranks=int(n or 8)),
     "star": lambda n: Star(f"star:{n}", int(n), 1 * GB),
 }
@@ -296,7 +370,8 @@ PRESETS = {
 
 def topologies() -> list[str]:
     """The preset names :func:`get` accepts (``N``: a number of nodes or ranks)."""
-    return ["h100-node", "h100-cluster:N", "h100-cluster-oversubscribed:N",
+    return ["h100-node", "h100-node:G", "h100-cluster:N",
+            "h100-cluster-oversubscribed:N", "h100-cluster-1gpu:N",
             "this-machine", "this-machine:P", "star:P"]
 
 
@@ -312,7 +387,8 @@ def get(topology: str | Topology, ranks: int | None = None) -> Topology:
                          f"{', '.join(topologies())}")
     if not arg and base in ("star", "this-machine") and ranks:
         arg = str(ranks)
-    if not arg and base in ("star", "h100-cluster", "h100-cluster-oversubscribed"):
+    if not arg and base in ("star", "h100-cluster", "h100-cluster-oversubscribed",
+                            "h100-cluster-1gpu"):
         raise ValueError(f"{base} needs a size: {base}:N")
     built = PRESETS[base](arg) if arg else PRESETS[base]()
     if protocol:
@@ -323,9 +399,10 @@ def get(topology: str | Topology, ranks: int | None = None) -> Topology:
 def with_protocol(topology: Topology, protocol: str) -> Topology:
     """An H100 preset with another NCCL protocol (a key of :data:`PROTOCOLS`)."""
     if isinstance(topology, RailCluster):
-        return h100_cluster(topology.nodes, topology.oversubscription, protocol)
+        return h100_cluster(topology.nodes, topology.oversubscription, protocol,
+                            topology.gpus)
     if topology.name.startswith("h100-node"):
-        return h100_node(protocol)
+        return h100_node(protocol, topology.ranks)
     raise ValueError(f"{topology.name} has no NCCL protocols")
 
 
@@ -342,6 +419,7 @@ class _Module(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Module
 
-__all__ = ["GB", "H100_GAMMA", "NVLS_EFFICIENCY", "PROTOCOLS", "Link", "Machine",
-           "Protocol", "RailCluster", "Star", "Topology", "get", "h100_cluster",
-           "h100_node", "this_machine", "topologies", "with_protocol"]
+__all__ = ["GB", "H100_GAMMA", "NCCL_STEPS", "NET_OVERHEAD", "NVLS_EFFICIENCY",
+           "PROTOCOLS", "Link", "Machine", "Protocol", "RailCluster", "Star",
+           "Topology", "get", "h100_cluster", "h100_node", "protocol_cap",
+           "this_machine", "topologies", "with_protocol"]

@@ -167,4 +167,7 @@ def test_the_simulate_command_prints_nccls_prediction_beside_each_run(capsys):
     out = capsys.readouterr().out
     choice = nm("all_reduce", 4 * KiB, "h100-node")
     assert f"# {choice.describe()}" in out
-    assert choice.beside("ring") in out and "NCCL -" in out
+    # beside each run: NCCL's time for the pair it stands for (ring under the
+    # topology's protocol, Simple), or "-" where NCCL has none
+    ring = choice[("ring", "simple")] * 1e6
+    assert f"NCCL ring/simple {ring:.1f} us" in out and "NCCL -" in out

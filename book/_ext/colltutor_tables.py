@@ -37,7 +37,7 @@ def _row(cells: list[str]) -> nodes.row:
 
 
 class DataTable(SphinxDirective):
-    """``colltutor-table``: a table from stored benchmark output (see the module doc)."""
+    """``colltutor-table``: a table from stored benchmark output (module doc)."""
 
     has_content = True
     option_spec = {"function": directives.unchanged_required,
@@ -68,7 +68,7 @@ class DataTable(SphinxDirective):
             body += _row(row)
         group += body
         for i, entry in enumerate(group.traverse(nodes.entry)):
-            if i % width and table.numeric:  # numbers right-aligned, as in the notebooks
+            if i % width and table.numeric:  # numbers right-aligned
                 entry["classes"].append("colltutor-number")
         if self.content:
             parsed = nodes.Element()
