@@ -336,13 +336,14 @@ def machine_fidelity(sizes: list[int], ranks: list[int]) -> list[dict]:
 
 # -- at scale (Chapter 12) ------------------------------------------------------
 
-SCALE = [("all_reduce", "ring"), ("all_reduce", "double_binary_tree"),
+SCALE = [("all_reduce", "ring"), ("all_reduce", "multi_channel_ring"),
+         ("all_reduce", "double_binary_tree"), ("all_reduce", "nccl_tree"),
          ("all_reduce", "hierarchical"), ("all_gather", "ring"), ("all_gather", "pat"),
          ("all_gather", "hierarchical")]
 """The collectives and algorithms of Chapter 12's sweeps."""
 
-RAILS = [("all_reduce", "double_binary_tree"), ("all_reduce", "hierarchical"),
-         ("all_gather", "pat")]
+RAILS = [("all_reduce", "double_binary_tree"), ("all_reduce", "nccl_tree"),
+         ("all_reduce", "hierarchical")]
 """The rails part's cases: those of :data:`SCALE` that stay within the budget on
 512 GPUs (the flat rings and the hierarchical all-gather send 260,000 messages or
 more there)."""
@@ -351,10 +352,15 @@ LATE = 100e-6
 """How late the straggler enters: 100 us, a few kernels' worth of GPU time."""
 
 
+SWEEP = {"semantics": "fifo", "replay": True}
+"""How Chapter 12's sweeps simulate: NCCL's FIFOs, replayed on the C++ engine."""
+
+
 def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int,
         **kwargs: object) -> dict:
-    """Simulate one case (meta tensors) and return its row; skipped, and said so,
-    when the algorithm's declared message count is over ``budget``."""
+    """Simulate one case (meta tensors) and return its row, with NCCL's model for
+    the pair it stands for and NCCL's own choice; skipped, and said so, when the
+    algorithm's declared message count is over ``budget``."""
     p = colltutor.topologies.get(topology).ranks
     row = {"collective": collective, "algorithm": algorithm, "topology": topology,
            "p": p, "bytes": nbytes}
@@ -365,16 +371,28 @@ def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int
               f"skipped ({expect} messages)", flush=True)
         return row
     r = colltutor.simulate(collective, nbytes, topology, algorithm, real=False,
-                           trace=False, **kwargs)
+                           trace=False, **{**SWEEP, **kwargs})
     row.update(seconds=r.seconds, busbw=r.busbw, algbw=r.algbw, messages=r.messages,
-               wall=r.wall)
+               wall=r.wall, semantics=r.semantics)
+    if r.nccl is not None:
+        choice = r.nccl.choice
+        row.update(nccl_choice="/".join(choice), nccl_choice_seconds=r.nccl[choice])
+        if r.nccl_pair is not None:
+            row.update(nccl_pair="/".join(r.nccl_pair),
+                       nccl_seconds=r.nccl[r.nccl_pair])
     print(f"  {p:5d} {collective:>14} {algorithm:>20} {human(nbytes):>8} "
           f"{r.seconds * 1e6:12.1f} us {r.busbw:8.2f} GB/s {r.messages:8d} msgs "
-          f"{r.wall:6.1f} s", flush=True)
+          f"{r.wall:6.1f} s  NCCL: {row.get('nccl_pair', '-')} "
+          f"{row.get('nccl_seconds', 0) * 1e6:.1f} us, picks "
+          f"{row.get('nccl_choice', '-')}", flush=True)
     return row
 
 
-def cluster(p: int, kind: str = "h100-cluster") -> str:
+def cluster(p: int, kind: str = "h100-cluster", algorithm: str = "") -> str:
+    """The preset of ``p`` GPUs, 8 a node; for PAT one a node, the only place NCCL
+    runs it (``ncclPatEnable``, ``src/graph/tuning.cc``, NCCL 2.30.7)."""
+    if algorithm == "pat":
+        return f"h100-cluster-1gpu:{p}"
     return "h100-node" if p == 8 and kind == "h100-cluster" else f"{kind}:{p // 8}"
 
 
@@ -382,7 +400,7 @@ def at_scale(parts: list[str], budget: int) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     if "ranks" in parts:
         print("# (1) 8 to 1,024 GPUs: time and busbw, small and large")
-        out["ranks"] = [one(c, a, cluster(p), n, budget)
+        out["ranks"] = [one(c, a, cluster(p, algorithm=a), n, budget)
                         for n in (64 << 10, 64 << 20)
                         for p in (8, 32, 128, 1024) for c, a in SCALE]
     if "large" in parts:
@@ -392,8 +410,8 @@ def at_scale(parts: list[str], budget: int) -> dict[str, list[dict]]:
                                    for a in ("double_binary_tree", "ring")]
     if "sizes" in parts:
         print("# (2) 64 GPUs (8 nodes): every all-reduce algorithm over sizes")
-        names = ["ring", "double_binary_tree", "hierarchical", "rabenseifner",
-                 "recursive_doubling"]
+        names = ["ring", "multi_channel_ring", "double_binary_tree", "nccl_tree",
+                 "hierarchical", "rabenseifner", "recursive_doubling"]
         out["sizes"] = [one("all_reduce", a, cluster(64), 1 << k, budget)
                         for k in range(12, 31, 3) for a in names]
     if "rails" in parts:
@@ -409,7 +427,7 @@ def at_scale(parts: list[str], budget: int) -> dict[str, list[dict]]:
                         for n in (16 << 20, 256 << 20)]
     if "straggler" in parts:
         print(f"# (4) 64 GPUs, 16 MiB: on time, then rank 0 {LATE * 1e6:.0f} us late")
-        out["straggler"] = [dict(one(c, a, cluster(64), 16 << 20, budget,
+        out["straggler"] = [dict(one(c, a, cluster(64, algorithm=a), 16 << 20, budget,
                                      late=late), late=LATE if late else 0.0)
                             for c, a in SCALE for late in (None, {0: LATE})]
     if "protocols" in parts:
@@ -418,7 +436,7 @@ def at_scale(parts: list[str], budget: int) -> dict[str, list[dict]]:
                                      budget), protocol=proto)
                             for k in range(10, 31, 2)
                             for proto in ("ll", "ll128", "simple")
-                            for a in ("ring", "double_binary_tree")]
+                            for a in ("ring", "double_binary_tree", "nccl_tree")]
         out["protocols"] += [dict(one("all_reduce", "nvls", "h100-node", 1 << k,
                                       budget), protocol="simple")
                              for k in range(10, 31, 2)]

@@ -117,7 +117,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
              real: bool | None = None, trace: bool | None = None,
              options: dict[str, Any] | None = None,
              late: dict[int, float] | None = None,
-             timeout: float | None = None, semantics: str = "lockstep",
+             timeout: float | None = None, semantics: str | None = None,
              replay: bool = False) -> Result:
     """Simulate ``collective`` of ``nbytes`` on ``topology`` with ``algorithm``.
 
@@ -138,11 +138,12 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     seconds}`` by which those ranks enter the collective late (``seconds`` then
     counts from the first rank entering).  ``algorithm`` may also be a function
     with the signature of the registry's (a learner's, :func:`colltutor.check`).
-    ``semantics``: when a send is done for its sender.  ``"lockstep"`` (the
-    default): once it has arrived, so a step ends when all its messages have.
-    ``"fifo"``: NCCL's, once it is in the receiver's FIFO; the sender blocks only
-    while ``NCCL_STEPS`` (8) chunks to that peer are unconsumed
-    (``src/device/prims_simple.h``; :class:`colltutor.transports.simgrid.World`).
+    ``semantics``: when a send is done for its sender.  ``"fifo"`` (the default
+    on GPU topologies, whose messages move eagerly): NCCL's, once it is in the
+    receiver's FIFO; the sender blocks only while ``NCCL_STEPS`` (8) chunks to
+    that peer are unconsumed (``src/device/prims_simple.h``;
+    :class:`colltutor.transports.simgrid.World`).  ``"lockstep"`` (the default
+    elsewhere): once it has arrived, so a step ends when all its messages have.
     ``replay``: record each rank's messages once (on meta tensors, cached on
     disk), then replay them on the simulated cluster without running the
     algorithm there, on SimGrid's C++ engine (:mod:`colltutor.transports.
@@ -186,6 +187,8 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     if algorithm == "nvls" and not (name == "all_reduce" and topology.nvls):
         raise ValueError("nvls (NVLink SHARP) is an all_reduce on a switch that "
                          f"reduces, as h100-node's does; not {name} on {topology.name}")
+    if semantics is None:
+        semantics = "fifo" if topology.eager else "lockstep"
     if semantics not in sim.SEMANTICS:
         raise ValueError(f"semantics {semantics!r}: choose from "
                          f"{', '.join(sim.SEMANTICS)}")
@@ -605,8 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("topology", help=", ".join(topologies.topologies()))
     ap.add_argument("-a", "--algorithm", nargs="*", default=[None])
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
-    ap.add_argument("--semantics", choices=sim.SEMANTICS, default="lockstep",
-                    help="when a send is done for its sender (fifo: NCCL's)")
+    ap.add_argument("--semantics", choices=sim.SEMANTICS, default=None,
+                    help="when a send is done for its sender (default: fifo, "
+                         "NCCL's, on GPU topologies; lockstep elsewhere)")
     ap.add_argument("--replay", action="store_true",
                     help="record each rank's messages once, replay them (faster)")
     args = ap.parse_args(argv)
