@@ -217,11 +217,14 @@ def pairs(binary: pathlib.Path, schedule: pathlib.Path) -> list[tuple[int, int]]
 
 
 def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
-        late: dict[int, float] | None = None, semantics: str = "lockstep"
-        ) -> sim.Outcome:
+        late: dict[int, float] | None = None, semantics: str = "lockstep",
+        actors: bool = False) -> sim.Outcome:
     """Replay the record in the file ``schedule`` on ``topology``: what
     :func:`colltutor.transports.simgrid.run` gives for the algorithm itself.
-    Progress goes to stderr after :data:`PROGRESS_AFTER` seconds."""
+    The ranks are state machines advanced by SimGrid's completion signals;
+    ``actors=True``: C++ actors instead, call for call the Python transport's
+    (slower; the cross-check).  Progress goes to stderr after
+    :data:`PROGRESS_AFTER` seconds."""
     if semantics not in sim.SEMANTICS:
         raise ValueError(f"semantics {semantics!r}: choose from "
                          f"{', '.join(sim.SEMANTICS)}")
@@ -239,7 +242,9 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
         f.flush()
         built = time.perf_counter() - start
         start = time.perf_counter()
-        with subprocess.Popen([str(binary), "run", f.name, str(schedule), *config],
+        engine = ["--actors"] if actors else []
+        with subprocess.Popen([str(binary), "run", f.name, str(schedule), *engine,
+                               *config],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as proc:
             errors = _follow(proc.stderr, start)
