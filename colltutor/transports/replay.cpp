@@ -24,13 +24,16 @@
 
 #include <simgrid/kernel/Timer.hpp>
 #include <simgrid/s4u.hpp>
+#include <simgrid/version.h>
 
 #include <chrono>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <list>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -470,6 +473,51 @@ struct Rank : Waker {  // where a rank is in its record
   Rank() : Waker{false} {}
 };
 
+// SimGrid 3.32 and 3.33 keep the activities an actor started in a std::list and
+// take each finished one off with list::remove (src/kernel/actor/ActorImpl.hpp:105;
+// src/kernel/activity/CommImpl.cpp:115 and :546, ExecImpl.cpp:28 and :170, v3.32);
+// 3.34 made it a std::set.  Started by maestro, as below, every activity in flight
+// (thousands) is in maestro's one list and each completion walks all of it.  Our
+// own handle keeps an activity alive, so its entry comes back off the list as soon
+// as it is started.  The list is found once, as the one in maestro's ActorImpl
+// whose single entry is the first activity started; not found, nothing changes
+// but the speed.
+class MaestroList {
+  using List = std::list<simgrid::kernel::activity::ActivityImplPtr>;
+  List* list_ = nullptr;
+  bool searched_ = false;
+
+  static List* find(const void* impl) {  // libstdc++'s list: {next, prev, size}
+    const sg4::Actor* maestro = sg4::Actor::self();
+    if (maestro == nullptr)
+      return nullptr;
+    auto* base = reinterpret_cast<char*>(maestro->get_impl());
+    for (size_t offset = 0; offset + sizeof(List) <= 512; offset += alignof(List)) {
+      auto* words = reinterpret_cast<void* const*>(base + offset);
+      if (words[0] == nullptr || words[0] != words[1] || reinterpret_cast<uintptr_t>(words[2]) != 1)
+        continue;
+      auto* node = static_cast<void* const*>(words[0]);
+      if (node[0] == base + offset && node[1] == base + offset && node[2] == impl)
+        return reinterpret_cast<List*>(base + offset);
+    }
+    return nullptr;
+  }
+
+public:
+  void forget(const sg4::Activity& started) {
+#if SIMGRID_VERSION < 33400
+    if (!searched_) {
+      searched_ = true;
+      list_ = find(started.get_impl());
+    }
+    if (list_ != nullptr && !list_->empty() && list_->back().get() == started.get_impl())
+      list_->pop_back();
+#else
+    (void)started;
+#endif
+  }
+};
+
 class EventWorld : public Tally {
 public:
   EventWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
@@ -504,6 +552,7 @@ private:
   std::deque<size_t> ready_;  // ranks to advance now
   bool draining_ = false;
   std::vector<sg4::ActivityPtr> retired_;  // completed; released at the next event
+  MaestroList maestro_;
 
   Wire& wire(size_t src, size_t dst) {
     Wire& w = wires_[src * s_.ranks() + dst];
@@ -576,6 +625,7 @@ private:
     m->comm->set_payload_size(static_cast<uint64_t>(m->bytes));
     m->comm->set_data(static_cast<Waker*>(m));
     m->comm->start();
+    maestro_.forget(*m->comm);
   }
 
   void send_next(Wire& w) {
@@ -631,6 +681,7 @@ private:
     k.exec->set_data(static_cast<Waker*>(&k));
     k.owed = 0;
     k.exec->start();
+    maestro_.forget(*k.exec);
     return true;
   }
   bool busy(Rank& k, int64_t messages) {
