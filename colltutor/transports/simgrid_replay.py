@@ -37,10 +37,6 @@ from colltutor.transports import simgrid as sim
 
 SOURCE = pathlib.Path(__file__).with_name("replay.cpp")
 
-PROGRESS_AFTER = 10.0
-"""Real seconds of replaying after which its progress is printed (every 5 s)."""
-
-
 def program_dir() -> pathlib.Path:
     """Where the compiled replayer is kept, named by its source's hash:
     ``$COLLTUTOR_BIN``, by default ``~/.cache/colltutor/bin`` (apart from the
@@ -223,8 +219,8 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
     :func:`colltutor.transports.simgrid.run` gives for the algorithm itself.
     The ranks are state machines advanced by SimGrid's completion signals;
     ``actors=True``: C++ actors instead, call for call the Python transport's
-    (slower; the cross-check).  Progress goes to stderr after
-    :data:`PROGRESS_AFTER` seconds."""
+    (slower; the cross-check).  Its progress goes to
+    :func:`colltutor.runtime.progress`."""
     if semantics not in sim.SEMANTICS:
         raise ValueError(f"semantics {semantics!r}: choose from "
                          f"{', '.join(sim.SEMANTICS)}")
@@ -247,7 +243,7 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
                                *config],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as proc:
-            errors = _follow(proc.stderr, start)
+            errors = _follow(proc.stderr)
             out = proc.stdout.read()
             code = proc.wait()
     wall = time.perf_counter() - start
@@ -265,21 +261,19 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
                        int(fields["messages"][0]), int(fields["bytes"][0]), wall, built)
 
 
-def _follow(stream: Any, start: float) -> list[str]:
-    """Read the replayer's stderr to its end: print its progress lines now and
-    then, keep the rest (errors)."""
+def _follow(stream: Any) -> list[str]:
+    """Read the replayer's stderr to its end: pass its progress lines (one a
+    second) on to :func:`colltutor.runtime.progress`, keep the rest (errors)."""
+    from colltutor import runtime
+
     kept: list[str] = []
-    shown = start + PROGRESS_AFTER - 5
+    total = 0
     for line in stream:
         if not line.startswith("progress "):
             kept.append(line)
             continue
-        now = time.perf_counter()
-        if now - shown >= 5:
-            shown = now
-            sent, total, clock = line.split()[1:]
-            print(f"replaying on the C++ engine: {int(sent):,} of {int(total):,} "
-                  f"messages ({100 * int(sent) / max(int(total), 1):.0f}%), "
-                  f"{float(clock) * 1e6:.0f} us simulated, {now - start:.0f} s",
-                  file=sys.stderr, flush=True)
+        sent, total = (int(n) for n in line.split()[1:3])
+        runtime.progress("replaying on the C++ engine", sent, total, "messages")
+    if total:
+        runtime.progress("replaying on the C++ engine", total, total, "messages")
     return kept
