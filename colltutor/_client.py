@@ -320,6 +320,8 @@ class Bars:
                 unit=unit, unit_scale=int(total) >= 10_000, delay=PROGRESS_DELAY,
                 file=sys.stderr)
         bar.update(int(done) - bar.n)
+        if bar.n >= bar.total:  # done: its time stops here
+            bar.close()
 
     def close(self) -> None:
         for bar in self.bars.values():
