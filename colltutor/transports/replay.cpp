@@ -2,15 +2,17 @@
 // without a Python thread per rank.
 //
 // The same simulation as colltutor/transports/simgrid.py (its World, SimTransport
-// and run()), call for call: each rank is an actor that plays its record
-// (colltutor/schedule.py: POST, WAIT, REDUCE entries) with the same S4U calls the
-// Python transport makes, on a platform built from a description that
-// colltutor/transports/simgrid_replay.py writes from the topology.  Same calls in
-// the same order give the same simulated times; only the speed differs (C++
-// actors in SimGrid's own contexts instead of Python threads).
+// and run()) on a platform built from a description that
+// colltutor/transports/simgrid_replay.py writes from the topology; each rank plays
+// its record (colltutor/schedule.py: POST, WAIT, REDUCE entries).  Two ways, same
+// simulated times: EventWorld (the default) makes each rank a state machine that
+// starts its messages and CPU time as SimGrid activities and moves on when they
+// complete, with no actor and no context switch; ActorWorld (--actors, the
+// cross-check) makes each rank an actor that makes, call for call, the S4U calls
+// the Python transport makes.
 //
 //   replay pairs SCHEDULE            the (sender, receiver) pairs the record uses
-//   replay run JOB SCHEDULE [--cfg=...]   the simulation; results on stdout
+//   replay run JOB SCHEDULE [--actors] [--cfg=...]   the simulation; results on stdout
 //
 // JOB (text, one item per line): "semantics lockstep|fifo", "eager 0|1",
 // "overhead S", "launch S", "reductions 0|1", "steps N", "speed F" (a host's

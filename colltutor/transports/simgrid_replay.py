@@ -2,12 +2,12 @@
 
 :func:`colltutor.simulate.simulate` with ``replay=True`` records each rank's
 messages once (:mod:`colltutor.schedule`); this module plays that record on a
-small C++ program (``replay.cpp``, beside this file, compiled on first use) whose
-ranks are SimGrid actors making, call for call, the S4U calls that
-:mod:`colltutor.transports.simgrid` makes from Python: the same mailboxes, FIFO
-credits, wires, reductions and late starts, so the simulated times are the same.
-What changes is the cost of a message: a few C++ context switches instead of
-Python thread hand-offs.
+small C++ program (``replay.cpp``, beside this file, compiled on first use) that
+starts the activities :mod:`colltutor.transports.simgrid` starts from Python, at
+the same simulated instants: the same rendezvous, FIFO credits, wires,
+reductions and late starts, so the simulated times are the same.  Its ranks are
+state machines advanced by SimGrid's completion signals, not threads or actors,
+so a message costs a few microseconds.
 
 The program reads a platform description (:func:`describe`): hosts, links, and the
 routes of the (sender, receiver) pairs the record uses, exactly as
