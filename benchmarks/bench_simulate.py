@@ -252,6 +252,39 @@ def nvls_fidelity(semantics: str = "fifo", nbytes: int = 1 << 30) -> list[dict]:
     return out
 
 
+RING_NODES = (396, "NVIDIA/nccl-tests#319 (NVIDIA: a ring on 2-4 HGX-H100 nodes with "
+                   "8 CX7 NICs each reaches 'up to ~396GB/s' busbw)")
+NIC = (47, "NVIDIA/nccl-tests#290 (NVIDIA: 'For NDR @ 400Gbps you should see 46-48GB/s "
+           "per NIC')")
+
+
+def nodes_fidelity(semantics: str = "fifo", nbytes: int = 1 << 30) -> list[dict]:
+    """Across nodes: the rail-matched ring all-reduce on 2 and 4 nodes against
+    nccl-tests issue 319, and one NIC (a 2-rank broadcast between nodes, one GPU
+    each) against issue 290."""
+    print(f"# (1c) across nodes at {human(nbytes)}, busbw (GB/s), {semantics} "
+          f"semantics; published: {RING_NODES[1]}; {NIC[1]}")
+    out = []
+    cases = [("all_reduce", "multi_channel_ring", f"h100-cluster:{n}", {"channels": 8},
+              RING_NODES) for n in (2, 4)]
+    cases.append(("broadcast", "linear", "h100-cluster-1gpu:2", {}, NIC))
+    for collective, algorithm, topology, options, (published, source) in cases:
+        r = colltutor.simulate(collective, nbytes, topology, algorithm, real=False,
+                               trace=False, semantics=semantics, options=options,
+                               replay=True)
+        pair = r.nccl_pair
+        model = r.nccl.busbw(pair) / 1e9 if r.nccl is not None and pair else None
+        print(f"  {topology:>22} {collective:>12} {algorithm:>20} {r.busbw:8.1f} "
+              f"{published:6d} {model or 0:8.1f}", flush=True)
+        out.append({"collective": collective, "algorithm": algorithm,
+                    "topology": topology, "p": r.ranks, "bytes": nbytes,
+                    "busbw": r.busbw, "published": published, "source": source,
+                    "nccl_model_busbw": model,
+                    "nccl_model_pair": "/".join(pair) if pair else None,
+                    "semantics": semantics, "of_published": r.busbw / published})
+    return out
+
+
 def nccl_latency(algorithm: str, p: int, gpus: int = 8) -> float:
     """NCCL's latency model for an all-reduce, Simple protocol, in seconds
     (``src/graph/tuning.cc``: base + per-step hardware latencies)."""
@@ -268,7 +301,7 @@ def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
           f"simulated ({semantics} semantics; ring and tree with the protocol NCCL's "
           "model picks for them), NCCL's latency formula (Simple), and NCCL's tuning "
           "model (colltutor.nccl_model)")
-    names = [n for n in ("ring", "double_binary_tree", "hierarchical",
+    names = [n for n in ("ring", "double_binary_tree", "nccl_tree", "hierarchical",
                          "recursive_doubling") if n in registry.find("all_reduce")]
     print(f"# {'p':>5} " + " ".join(f"{n:>20}" for n in names)
           + f" {'NCCL ring':>10} {'NCCL tree':>10} {'model ring':>16} "
@@ -287,7 +320,8 @@ def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
             if name == "ring" and p > ring_up_to:  # 2 (p-1) p messages
                 cells.append(f"{'-':>20}")
                 continue
-            pair = {"ring": ring_pair, "double_binary_tree": tree_pair}.get(name, "")
+            pair = {"ring": ring_pair, "double_binary_tree": tree_pair,
+                    "nccl_tree": tree_pair}.get(name, "")
             protocol = pair.partition("/")[2] or "simple"  # the one NCCL would use
             r = colltutor.simulate("all_reduce", nbytes,
                                    f"h100-cluster:{p // 8}/{protocol}", name,
@@ -355,6 +389,12 @@ LATE = 100e-6
 SWEEP = {"semantics": "fifo", "replay": True}
 """How Chapter 12's sweeps simulate: NCCL's FIFOs, replayed on the C++ engine."""
 
+CHANNELS = {"multi_channel_ring": {"channels": 16}, "nccl_tree": {"channels": 16}}
+"""NCCL's channels on H100 nodes: the search finds 8 rings or trees across nodes
+(:func:`colltutor.nccl_model.ring_graph`), and ``ncclTopoPreset``
+(``src/graph/connect.cc``, NCCL 2.30.7) duplicates them ("Duplicate channels
+rings/trees")."""
+
 
 def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int,
         **kwargs: object) -> dict:
@@ -371,7 +411,8 @@ def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int
               f"skipped ({expect} messages)", flush=True)
         return row
     r = colltutor.simulate(collective, nbytes, topology, algorithm, real=False,
-                           trace=False, **{**SWEEP, **kwargs})
+                           trace=False, options=CHANNELS.get(algorithm),
+                           **{**SWEEP, **kwargs})
     row.update(seconds=r.seconds, busbw=r.busbw, algbw=r.algbw, messages=r.messages,
                wall=r.wall, semantics=r.semantics)
     if r.nccl is not None:
@@ -465,7 +506,7 @@ def main() -> None:
                     help="skip runs that send more messages than this")
     ap.add_argument("--algorithms", nargs="*", help="only these (default: all)")
     ap.add_argument("--fidelity", nargs="*",
-                    choices=["nvlink", "nvls", "latency", "machine"],
+                    choices=["nvlink", "nvls", "nodes", "latency", "machine"],
                     help="compare with measurements (default: all four parts)")
     ap.add_argument("--scale", nargs="*", choices=["ranks", "large", "sizes",
                                                    "rails", "spine", "straggler",
@@ -488,12 +529,14 @@ def main() -> None:
     start = time.perf_counter()
     rows: dict[str, list[dict]] = {}
     if args.fidelity is not None:
-        parts = args.fidelity or ["nvlink", "nvls", "latency", "machine"]
+        parts = args.fidelity or ["nvlink", "nvls", "nodes", "latency", "machine"]
         tail = "" if args.semantics == "lockstep" else f"_{args.semantics}"
         if "nvlink" in parts:
             rows["nvlink" + tail] = nvlink_fidelity(args.semantics)
         if "nvls" in parts:
             rows["nvls" + tail] = nvls_fidelity(args.semantics)
+        if "nodes" in parts:
+            rows["nodes" + tail] = nodes_fidelity(args.semantics)
         if "latency" in parts:
             rows["latency" + tail] = latency_fidelity(
                 [8, 16, 32, 64, 128, 256, 512, 1024], 16 << 10, args.semantics,

@@ -291,13 +291,51 @@ class Store:
         return len(self.data)
 
 
+PROGRESS = "colltutor-progress\t"
+"""A rank's output line that starts so says how far a long task has got
+(:func:`colltutor.runtime.progress`); the caller draws it as a bar."""
+
+PROGRESS_DELAY = 10.0
+"""Seconds a task runs before its bar shows: a fast run shows none."""
+
+
+class Bars:
+    """The caller's tqdm bars (in a notebook, its widget) for its ranks' progress
+    lines, one per rank and task, on stderr once the task has lasted
+    :data:`PROGRESS_DELAY` seconds."""
+
+    def __init__(self) -> None:
+        self.bars: dict[tuple[int, str], Any] = {}
+
+    def show(self, rank: int, line: str) -> None:
+        task, done, total, unit = line.removeprefix(PROGRESS).split("\t")
+        bar = self.bars.get((rank, task))
+        if bar is None:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # an environment from before tqdm was required
+                return
+            bar = self.bars[rank, task] = tqdm(
+                total=int(total), desc=f"rank {rank}: {task}" if rank else task,
+                unit=unit, unit_scale=int(total) >= 10_000, delay=PROGRESS_DELAY,
+                file=sys.stderr)
+        bar.update(int(done) - bar.n)
+        if bar.n >= bar.total:  # done: its time stops here
+            bar.close()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars.clear()
+
+
 class Rank:
     """The caller's view of one rank: pid, socket and output pipe, outcome."""
 
     def __init__(self, rank: int, sock: socket.socket, output: int, store: Store,
-                 stream: bool) -> None:
+                 stream: bool, bars: Bars) -> None:
         self.rank, self.socket, self.output = rank, sock, output
-        self.store, self.stream = store, stream
+        self.store, self.stream, self.bars = store, stream, bars
         self.pid = 0
         self.reader = _ipc.FrameReader()
         self.partial = b""
@@ -346,8 +384,13 @@ class Rank:
         return data if data is None else bool(data)
 
     def line(self, line: bytes) -> None:
-        """Print one line of the rank's output now (``stream``) or keep it."""
-        text = f"[rank {self.rank}] {line.decode(errors='replace').rstrip()}"
+        """Print one line of the rank's output now (``stream``) or keep it; a
+        progress line moves its bar."""
+        decoded = line.decode(errors="replace").rstrip()
+        if decoded.startswith(PROGRESS):
+            self.bars.show(self.rank, decoded)
+            return
+        text = f"[rank {self.rank}] {decoded}"
         if self.stream:
             print(text, flush=True)
         else:
@@ -377,6 +420,7 @@ class Run:
         self.timeout, self.stream = timeout, stream
         self.ranks: list[Rank] = []
         self.by_pid: dict[int, Rank] = {}
+        self.bars = Bars()
 
     def execute(self, payload: bytes, cores: int) -> Ended:
         """Run the pickled task on ranks that share ``cores`` CPU cores."""
@@ -391,6 +435,7 @@ class Run:
             self._start(payload, cores)
             return self._watch()
         finally:
+            self.bars.close()
             for r in self.ranks:
                 r.socket.close()
                 os.close(r.output)
@@ -406,7 +451,7 @@ class Run:
             output_r, output_w = os.pipe()
             os.set_blocking(output_r, False)
             ours, theirs = socket.socketpair()
-            self.ranks.append(Rank(r, ours, output_r, store, self.stream))
+            self.ranks.append(Rank(r, ours, output_r, store, self.stream, self.bars))
             ends += [output_w, theirs.detach()]
         run_id = next(_run_ids)
         self.server.wait_ready()

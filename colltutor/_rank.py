@@ -182,7 +182,7 @@ def _adopt_caller_context(task: dict, rank: int) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-                      GROUP_RANK="0")
+                      GROUP_RANK="0", COLLTUTOR_CALLER_DRAWS="1")
     torch.set_num_threads(max(1, task["cores"] // world_size))
 
 

@@ -28,6 +28,7 @@ picture is drawn from that code, not from a copy of it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -704,3 +705,143 @@ def straggler(fontsize: float = MIN) -> list[Figure]:
     ax.tick_params(labelsize=fontsize)
     ax.legend(fontsize=fontsize, loc="lower right", frameon=False)
     return [fig]
+
+
+# -- Chapter 12's tables, read from the stored sweeps ---------------------------------
+
+@dataclass
+class Table:
+    """A table for the book's ``colltutor-table`` directive: a header and rows of
+    strings, the first column a label, the others numbers when ``numeric``."""
+
+    header: list[str]
+    rows: list[list[str]]
+    numeric: bool = True
+
+
+NAMES = {**{key: label for key, (label, _, _) in STYLES.items()},
+         ("all_reduce", "multi_channel_ring"): "ring all-reduce, rail-matched channels",
+         ("all_reduce", "nccl_tree"): "NCCL's tree (chain + tree of nodes)",
+         ("all_gather", "pat"): "PAT all-gather (one GPU a node)",
+         ("all_reduce", "rabenseifner"): "Rabenseifner",
+         ("all_reduce", "recursive_doubling"): "recursive doubling",
+         ("all_to_all", "bruck"): "Bruck's all-to-all"}
+"""How the tables name each swept (collective, algorithm)."""
+
+
+def _stored() -> dict[str, list[dict]]:
+    import json
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
+                       / "simulate_scale.json").read_text())
+
+
+def _us(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e6:,.0f}"
+
+
+def _nccl(run: dict) -> str:
+    """NCCL's tuning model for the pair a run stands for, as ``(model µs)``."""
+    return f" ({_us(run['nccl_seconds'])})" if "nccl_seconds" in run else ""
+
+
+def _pick(run: dict) -> str:
+    """NCCL's own choice, as ``ring/LL 87``."""
+    algorithm, _, protocol = run["nccl_choice"].partition("/")
+    return f"{algorithm}/{protocol.upper()} {_us(run['nccl_choice_seconds'])}"
+
+
+def _by_gpus(nbytes: int, value) -> Table:
+    runs = [r for r in _stored()["ranks"] if r["bytes"] == nbytes]
+    gpus = sorted({r["p"] for r in runs})
+    keys = list(dict.fromkeys((r["collective"], r["algorithm"]) for r in runs))
+    cell = {(r["collective"], r["algorithm"], r["p"]): r for r in runs}
+    rows = [[NAMES.get(key, " ".join(key))] + [
+        value(cell.get((*key, p))) for p in gpus] for key in keys]
+    for collective in dict.fromkeys(c for c, _ in keys):
+        rows.append([f"NCCL picks ({collective.replace('_', '-')})"] + [
+            next((_pick(r) for r in runs if r["p"] == p and r["collective"] ==
+                  collective and "nccl_choice" in r), "—") for p in gpus])
+    return Table(["algorithm"] + [f"{p:,} GPUs" for p in gpus], rows)
+
+
+def latency_table() -> Table:
+    """Simulated µs of a 64 KiB collective from 8 to 1,024 GPUs, NCCL's model for
+    the same algorithm and protocol in brackets, and what NCCL would pick."""
+    return _by_gpus(64 << 10, lambda r: "—" if r is None or "seconds" not in r
+                    else _us(r["seconds"]) + _nccl(r))
+
+
+def bandwidth_table() -> Table:
+    """Simulated busbw (GB/s) of a 64 MiB collective from 8 to 1,024 GPUs, and what
+    NCCL would pick (its model's µs)."""
+    return _by_gpus(64 << 20, lambda r: "—" if r is None or "busbw" not in r
+                    else f"{r['busbw']:,.1f}")
+
+
+def sizes_table() -> Table:
+    """Every all-reduce algorithm on 64 GPUs over sizes (simulated µs), the fastest,
+    and NCCL's pick with its model's µs."""
+    runs = [r for r in _stored()["sizes"] if "seconds" in r]
+    names = list(dict.fromkeys(r["algorithm"] for r in runs))
+    rows = []
+    for size in sorted({r["bytes"] for r in runs}):
+        mine = {r["algorithm"]: r for r in runs if r["bytes"] == size}
+        fastest = min(mine, key=lambda a: mine[a]["seconds"])
+        choice = next((_pick(r) for r in mine.values() if "nccl_choice" in r), "—")
+        rows.append([_size(size)] + [_us(mine[a]["seconds"]) if a in mine else "—"
+                                     for a in names]
+                    + [NAMES.get(("all_reduce", fastest), fastest), choice])
+    return Table(["size"] + [NAMES.get(("all_reduce", a), a) for a in names]
+                 + ["fastest", "NCCL picks"], rows)
+
+
+def _size(nbytes: int) -> str:
+    from colltutor.bench import human
+
+    return human(nbytes)
+
+
+def rails_table() -> Table:
+    """busbw on 512 GPUs (two leaves a rail) with the spine at 1:1 and 2:1."""
+    data = _stored()
+    runs = [r for r in data["rails"] + data["spine"] if "busbw" in r]
+    rows = []
+    for key in dict.fromkeys((r["collective"], r["algorithm"], r["bytes"])
+                             for r in runs):
+        got = [next((r["busbw"] for r in runs if (r["collective"], r["algorithm"],
+                                                  r["bytes"]) == key
+                     and ("oversubscribed" in r["topology"]) == over), None)
+               for over in (False, True)]
+        if None in got:
+            continue
+        rows.append([NAMES.get(key[:2], " ".join(key[:2])), _size(key[2]),
+                     f"{got[0]:.1f}", f"{got[1]:.1f}", f"{got[1] / got[0]:.2f}"])
+    return Table(["algorithm", "size", "1:1 (GB/s)", "2:1 (GB/s)", "ratio"], rows)
+
+
+def straggler_table() -> Table:
+    """Simulated µs on 64 GPUs at 16 MiB, on time and with rank 0 100 µs late."""
+    times: dict[tuple[str, str], dict[float, float]] = {}
+    for run in _stored()["straggler"]:
+        if "seconds" in run:
+            times.setdefault((run["collective"], run["algorithm"]), {})[
+                run["late"]] = run["seconds"]
+    rows = [[NAMES.get(key, " ".join(key)), _us(t[0.0]), _us(max(t.values())),
+             _us(max(t.values()) - t[0.0])] for key, t in times.items() if 0.0 in t]
+    return Table(["algorithm", "on time (µs)", "rank 0 late (µs)",
+                  "added by the straggler (µs)"], rows)
+
+
+def all_to_all_table() -> Table:
+    """Simulated µs of each all-to-all algorithm on 64 and 256 GPUs."""
+    runs = [r for r in _stored()["all_to_all"] if "seconds" in r]
+    names = list(dict.fromkeys(r["algorithm"] for r in runs))
+    rows = []
+    for p in sorted({r["p"] for r in runs}):
+        for size in sorted({r["bytes"] for r in runs}):
+            mine = {r["algorithm"]: r for r in runs
+                    if (r["p"], r["bytes"]) == (p, size)}
+            rows.append([f"{p} GPUs, {_size(size)}"] + [
+                _us(mine[a]["seconds"]) if a in mine else "—" for a in names])
+    return Table(["case"] + names, rows)

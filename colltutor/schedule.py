@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import os
 import pathlib
-import sys
 import tempfile
 import time
 from array import array
@@ -36,9 +35,6 @@ POST, WAIT, REDUCE = 0, 1, 2
 """The kinds of a record's entries.  ``POST, sends, recvs``, then ``(peer,
 bytes)`` per receive and per send; ``WAIT, handle`` (handles numbered in posting
 order, receives first); ``REDUCE, bytes``."""
-
-PROGRESS_AFTER = 10.0
-"""Seconds of work after which recording and replaying print their progress."""
 
 
 class Polls(RuntimeError):
@@ -103,22 +99,20 @@ def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]
     """Each rank's record: ``program(comm)`` run by rank after rank on a
     :class:`RecordingTransport`.  Raises :class:`Polls` for an algorithm that
     polls."""
-    from colltutor import p2p
+    from colltutor import p2p, runtime
 
     logs: list[array] = []
     current: list[array] = [array("q")]
-    start = last = time.perf_counter()
+    shown = 0.0
     with _reductions(current):
         for rank in range(size):
             transport = RecordingTransport(rank, size, device)
             current[0] = transport.log
             program(p2p.Comm(transport=transport))
             logs.append(transport.log)
-            now = time.perf_counter()
-            if now - start > PROGRESS_AFTER and (now - last > 5 or rank == size - 1):
-                last = now
-                print(f"recording the messages: rank {rank + 1}/{size}, "
-                      f"{now - start:.0f} s", file=sys.stderr, flush=True)
+            if time.perf_counter() - shown > 0.5 or rank == size - 1:
+                shown = time.perf_counter()
+                runtime.progress("recording the messages", rank + 1, size, "ranks")
     return logs
 
 
@@ -143,14 +137,14 @@ def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
     """A program for :func:`colltutor.transports.simgrid.run` that plays each
     rank's record on its simulated transport; ``reductions``: charge the bytes
     reduced (the topology's ``gamma``)."""
-    start = time.perf_counter()
+    from colltutor import runtime
 
     def program(comm: Any) -> None:
         transport = comm.transport
         world, rank = transport.world, transport.rank
         log, handles, i, n = logs[rank], [], 0, len(logs[rank])
         post, owe = transport.post, world.owe
-        shown = start + PROGRESS_AFTER
+        shown = 0.0
         while i < n:
             kind = log[i]
             if kind == WAIT:
@@ -166,10 +160,9 @@ def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
                             for j in range(i, i + 2 * sends, 2)]
                 i += 2 * sends
                 handles += post(outgoing, incoming)
-                if rank == 0 and time.perf_counter() > shown:
-                    shown = time.perf_counter() + 5
-                    print(f"replaying: rank 0 at {100 * i / n:.0f}% of its messages, "
-                          f"{shown - 5 - start:.0f} s", file=sys.stderr, flush=True)
+                if rank == 0 and time.perf_counter() - shown > 0.5:
+                    shown = time.perf_counter()
+                    runtime.progress("replaying (rank 0's record)", i, n, "entries")
             else:
                 if reductions:
                     owe(log[i + 1])

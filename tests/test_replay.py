@@ -3,6 +3,7 @@ replay.cpp, simgrid_replay.py): the simulated times of the algorithm itself."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -26,6 +27,16 @@ def replayer():
         pytest.skip(f"the C++ replayer cannot be built here: {why}")
 
 
+@pytest.fixture(params=["state machines", "actors"])
+def cpp(request, monkeypatch):
+    """The C++ replayer's ranks: state machines (the default) or, the cross-check,
+    actors making the Python transport's calls."""
+    if request.param == "actors":
+        monkeypatch.setattr(simgrid_replay, "run",
+                            functools.partial(simgrid_replay.run, actors=True))
+    return request.param
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLTUTOR_CACHE", str(tmp_path))
@@ -47,10 +58,10 @@ CASES = [  # collective, algorithm, bytes, topology
 @pytest.mark.parametrize("semantics", sim.SEMANTICS)
 @pytest.mark.parametrize(("collective", "algorithm", "nbytes", "topology"), CASES)
 def test_the_cpp_replay_takes_the_simulated_time_of_the_actors(
-        collective, algorithm, nbytes, topology, semantics, replayer, cache):
-    """The recorded messages replayed on the C++ engine take the simulated time
-    the algorithm takes running as Python actors, with and without a late
-    rank, under both semantics."""
+        collective, algorithm, nbytes, topology, semantics, replayer, cpp, cache):
+    """The recorded messages replayed on the C++ engine, its ranks state machines
+    or actors, take the simulated time the algorithm takes running as Python
+    actors, with and without a late rank, under both semantics."""
     p = topologies.get(topology).ranks
     for late in (None, {p // 2 + 1: 3e-6}):
         actors = colltutor.simulate(collective, nbytes, topology, algorithm,
@@ -95,7 +106,7 @@ def test_a_cached_record_replays_on_another_cluster(replayer, cache):
 
 
 @needs_simgrid
-def test_a_machine_replays_on_its_shared_cores(replayer, cache):
+def test_a_machine_replays_on_its_shared_cores(replayer, cpp, cache):
     """``this-machine``: every rank on one host of few cores, every message
     through one memory link, messages not eager, CPU time per message."""
     machine = topologies.this_machine(alpha=20e-6, beta=1e-10, gamma=2e-10,
@@ -123,7 +134,7 @@ def test_without_a_compiler_the_replay_runs_on_python_actors(cache, tmp_path,
 
 
 @needs_simgrid
-def test_a_deadlocked_record_is_reported(replayer, cache):
+def test_a_deadlocked_record_is_reported(replayer, cpp, cache):
     """Two ranks that both send first on a receiver-driven star (gloo's
     rendezvous) never finish: the replay says so, as the actors do."""
 

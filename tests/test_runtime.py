@@ -95,6 +95,32 @@ def test_output_is_printed_after_the_run_in_rank_order(capsys):
     ]
 
 
+def test_a_ranks_progress_is_a_bar_in_the_caller_after_its_delay(capsys,
+                                                                  monkeypatch):
+    """runtime.progress inside a rank moves a tqdm bar in the caller, not a line of
+    the rank's output; within the delay (a fast run) no bar shows at all."""
+    def working():
+        for done in range(1, 4):
+            runtime.progress("working", done, 3, "steps")
+        print("done")
+
+    colltutor.run(working, 2)
+    quick = capsys.readouterr()
+    assert quick.out.splitlines() == ["[rank 0] done", "[rank 1] done"]
+    assert "working" not in quick.err
+    monkeypatch.setattr(_client, "PROGRESS_DELAY", 0.0)
+    colltutor.run(working, 2)
+    shown = capsys.readouterr()
+    assert shown.out.splitlines() == ["[rank 0] done", "[rank 1] done"]
+    assert "working: 100%" in shown.err and "rank 1: working: 100%" in shown.err
+    assert "3/3" in shown.err and _client.PROGRESS not in shown.err + shown.out
+
+
+def test_progress_outside_a_rank_prints_nothing(capsys):
+    runtime.progress("working", 1, 3)
+    assert capsys.readouterr() == ("", "")
+
+
 class _Watcher(io.StringIO):
     """A stand-in for sys.stdout that acts when it sees a given line."""
 

@@ -14,6 +14,8 @@ round, which is the same ring.
 
 from __future__ import annotations
 
+import torch
+
 from colltutor.collectives import hierarchy
 from colltutor.formulas import ring_sent
 from colltutor.p2p import Comm, block_sizes
@@ -31,7 +33,11 @@ def around(comm: Comm, ring: list[int]) -> Comm:
     that rank's own block, so a reduce-scatter still ends with block ``r`` on rank
     ``r``."""
     inner = comm.view(ring, list(range(comm.size + 1)))
-    inner.cut = lambda buf: [comm.blocks(buf)[r] for r in ring]
+    def cut(buf: torch.Tensor) -> list[torch.Tensor]:
+        mine = comm.blocks(buf)
+        return [mine[r] for r in ring]
+
+    inner.cut = cut
     return inner
 
 

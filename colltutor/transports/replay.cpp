@@ -2,15 +2,17 @@
 // without a Python thread per rank.
 //
 // The same simulation as colltutor/transports/simgrid.py (its World, SimTransport
-// and run()), call for call: each rank is an actor that plays its record
-// (colltutor/schedule.py: POST, WAIT, REDUCE entries) with the same S4U calls the
-// Python transport makes, on a platform built from a description that
-// colltutor/transports/simgrid_replay.py writes from the topology.  Same calls in
-// the same order give the same simulated times; only the speed differs (C++
-// actors in SimGrid's own contexts instead of Python threads).
+// and run()) on a platform built from a description that
+// colltutor/transports/simgrid_replay.py writes from the topology; each rank plays
+// its record (colltutor/schedule.py: POST, WAIT, REDUCE entries).  Two ways, same
+// simulated times: EventWorld (the default) makes each rank a state machine that
+// starts its messages and CPU time as SimGrid activities and moves on when they
+// complete, with no actor and no context switch; ActorWorld (--actors, the
+// cross-check) makes each rank an actor that makes, call for call, the S4U calls
+// the Python transport makes.
 //
 //   replay pairs SCHEDULE            the (sender, receiver) pairs the record uses
-//   replay run JOB SCHEDULE [--cfg=...]   the simulation; results on stdout
+//   replay run JOB SCHEDULE [--actors] [--cfg=...]   the simulation; results on stdout
 //
 // JOB (text, one item per line): "semantics lockstep|fifo", "eager 0|1",
 // "overhead S", "launch S", "reductions 0|1", "steps N", "speed F" (a host's
@@ -22,14 +24,18 @@
 //
 // Progress goes to stderr ("progress sent total clock"), the outcome to stdout.
 
+#include <simgrid/kernel/Timer.hpp>
 #include <simgrid/s4u.hpp>
+#include <simgrid/version.h>
 
 #include <chrono>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <list>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -209,21 +215,15 @@ struct Handle {  // _Send, _Credit, _Recv of simgrid.py
   bool done = false;
 };
 
-class World {
+// What both worlds count and report: when each rank finished, where a stuck
+// one stopped, the messages sent, and the progress lines.
+class Tally {
 public:
-  World(const Schedule& schedule, Job job) : s_(schedule), job_(std::move(job)) {
-    size_t p = s_.ranks();
-    actors_.resize(p);
-    finished_.assign(p, -1);
-    where_.assign(p, 0);
-    for (size_t r = 0; r < p; r++)
-      each_message(s_, r, [this](int64_t, int64_t, bool send) { total_ += send; });
-  }
-
-  void start() {
-    for (size_t r = 0; r < s_.ranks(); r++)
-      actors_[r] = sg4::Actor::create("rank" + std::to_string(r), job_.hosts[r],
-                                      [this, r] { rank(r); });
+  explicit Tally(const Schedule& s) {
+    finished_.assign(s.ranks(), -1);
+    where_.assign(s.ranks(), 0);
+    for (size_t r = 0; r < s.ranks(); r++)
+      each_message(s, r, [this](int64_t, int64_t, bool send) { total_ += send; });
   }
 
   void report() const {
@@ -244,15 +244,40 @@ public:
     std::fflush(stdout);
   }
 
+protected:
+  std::vector<double> finished_;
+  std::vector<size_t> where_;  // the entry a rank is at (a deadlock's report)
+  int64_t messages_ = 0, bytes_ = 0, total_ = 0, posts_ = 0;
+  std::chrono::steady_clock::time_point shown_ = std::chrono::steady_clock::now();
+
+  void progress() {
+    auto now = std::chrono::steady_clock::now();
+    if (now - shown_ >= std::chrono::seconds(1)) {
+      shown_ = now;
+      std::fprintf(stderr, "progress %" PRId64 " %" PRId64 " %.9g\n", messages_, total_,
+                   sg4::Engine::get_clock());
+      std::fflush(stderr);
+    }
+  }
+};
+
+class ActorWorld : public Tally {  // one actor per rank, as simgrid.py runs them
+public:
+  ActorWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
+    actors_.resize(s_.ranks());
+  }
+
+  void start() {
+    for (size_t r = 0; r < s_.ranks(); r++)
+      actors_[r] = sg4::Actor::create("rank" + std::to_string(r), job_.hosts[r],
+                                      [this, r] { rank(r); });
+  }
+
 private:
   const Schedule& s_;
   Job job_;
   std::vector<sg4::ActorPtr> actors_;
-  std::vector<double> finished_;
-  std::vector<size_t> where_;  // the entry a rank is at (a deadlock's report)
   std::unordered_map<uint64_t, Connection> connections_;
-  int64_t messages_ = 0, bytes_ = 0, total_ = 0, posts_ = 0;
-  std::chrono::steady_clock::time_point shown_ = std::chrono::steady_clock::now();
 
   Connection& connection(size_t src, size_t dst) {  // World.box and World.credit
     Connection& c = connections_[src * s_.ranks() + dst];
@@ -342,16 +367,6 @@ private:
     }
   }
 
-  void progress() {
-    auto now = std::chrono::steady_clock::now();
-    if (now - shown_ >= std::chrono::seconds(1)) {
-      shown_ = now;
-      std::fprintf(stderr, "progress %" PRId64 " %" PRId64 " %.9g\n", messages_, total_,
-                   sg4::Engine::get_clock());
-      std::fflush(stderr);
-    }
-  }
-
   void rank(size_t r) {  // simgrid.run's actor with schedule.replayer's program
     double owed = 0;
     if (job_.launch != 0 || job_.late[r] != 0)
@@ -409,6 +424,400 @@ private:
   }
 };
 
+// The same simulation without actors: each rank is a state machine over its
+// record, started by a timer and advanced when the activity it waits for
+// completes (Activity::on_completion, fired by SimGrid's kernel) or a timer
+// fires (kernel::timer::Timer, what sleep_until's end is).  It starts the same
+// activities at the same simulated instants as the actors above, with
+// Comm::sendto (host to host, no mailbox) for a matched message and Exec for a
+// rank's CPU time, so the times are the same; no actor, no context switch.
+struct Waker {  // what an activity's completion advances
+  bool is_message;
+};
+
+struct Wire;
+
+struct Letter : Waker {  // one message, shared by its sender's and receiver's handles
+  int64_t bytes = 0;
+  Wire* wire = nullptr;
+  sg4::CommPtr comm;
+  bool arrived = false;  // its last byte is in
+  double due = -1;       // fifo: when it lands
+  int64_t sender = -1, receiver = -1;  // the ranks waiting for it
+  int refs = 2;          // the handles (fifo: the wire's and the receiver's)
+  Letter() : Waker{true} {}
+};
+
+struct Wire {  // one (src, dst): World.box, World.credit and World.wires
+  sg4::Host* from = nullptr;
+  sg4::Host* to = nullptr;
+  std::deque<Letter*> sent, wanted;  // posted sends not yet received, and receives not yet sent
+  std::deque<Letter*> queue;         // fifo: handed over, not yet on the wire
+  bool sending = false;              // fifo: a message is on the wire
+  unsigned credits = 0;
+  int64_t blocked = -1;              // fifo: the sender waiting for a credit
+  double latency = 0;
+};
+
+struct Note {  // a rank's handle on one posted message
+  Letter* letter = nullptr;
+  Wire* wire = nullptr;
+  Kind kind = SEND;
+  bool done = false;
+};
+
+struct Rank : Waker {  // where a rank is in its record
+  size_t r = 0, i = 0;
+  int stage = 0;  // the step within entry i that it is at
+  double owed = 0;
+  std::vector<Note> notes;
+  sg4::ExecPtr exec;
+  Rank() : Waker{false} {}
+};
+
+// SimGrid 3.32 and 3.33 keep the activities an actor started in a std::list and
+// take each finished one off with list::remove (src/kernel/actor/ActorImpl.hpp:105;
+// src/kernel/activity/CommImpl.cpp:115 and :546, ExecImpl.cpp:28 and :170, v3.32);
+// 3.34 made it a std::set.  Started by maestro, as below, every activity in flight
+// (thousands) is in maestro's one list and each completion walks all of it.  Our
+// own handle keeps an activity alive, so its entry comes back off the list as soon
+// as it is started.  The list is found once, as the one in maestro's ActorImpl
+// whose single entry is the first activity started; not found, nothing changes
+// but the speed.
+class MaestroList {
+  using List = std::list<simgrid::kernel::activity::ActivityImplPtr>;
+  List* list_ = nullptr;
+  bool searched_ = false;
+
+  static List* find(const void* impl) {  // libstdc++'s list: {next, prev, size}
+    const sg4::Actor* maestro = sg4::Actor::self();
+    if (maestro == nullptr)
+      return nullptr;
+    auto* base = reinterpret_cast<char*>(maestro->get_impl());
+    for (size_t offset = 0; offset + sizeof(List) <= 512; offset += alignof(List)) {
+      auto* words = reinterpret_cast<void* const*>(base + offset);
+      if (words[0] == nullptr || words[0] != words[1] || reinterpret_cast<uintptr_t>(words[2]) != 1)
+        continue;
+      auto* node = static_cast<void* const*>(words[0]);
+      if (node[0] == base + offset && node[1] == base + offset && node[2] == impl)
+        return reinterpret_cast<List*>(base + offset);
+    }
+    return nullptr;
+  }
+
+public:
+  void forget(const sg4::Activity& started) {
+#if SIMGRID_VERSION < 33400
+    if (!searched_) {
+      searched_ = true;
+      list_ = find(started.get_impl());
+    }
+    if (list_ != nullptr && !list_->empty() && list_->back().get() == started.get_impl())
+      list_->pop_back();
+#else
+    (void)started;
+#endif
+  }
+};
+
+class EventWorld : public Tally {
+public:
+  EventWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
+    ranks_.resize(s_.ranks());
+    for (size_t r = 0; r < s_.ranks(); r++) {
+      ranks_[r].r = r;
+      size_t posted = 0;
+      each_message(s_, r, [&posted](int64_t, int64_t, bool) { posted++; });
+      ranks_[r].notes.reserve(posted);
+    }
+  }
+
+  void start() {
+    sg4::Activity::on_completion_cb([this](sg4::Activity const& a) { completed(a); });
+    simgrid::kernel::timer::Timer::set(0.0, [this] {
+      for (size_t r = 0; r < s_.ranks(); r++) {
+        double delay = job_.launch + job_.late[r];
+        if (delay != 0)
+          simgrid::kernel::timer::Timer::set(delay, [this, r] { woken(r); });
+        else
+          ready_.push_back(r);
+      }
+      drain();
+    });
+  }
+
+private:
+  const Schedule& s_;
+  Job job_;
+  std::vector<Rank> ranks_;
+  std::unordered_map<uint64_t, Wire> wires_;
+  std::deque<size_t> ready_;  // ranks to advance now
+  bool draining_ = false;
+  std::vector<sg4::ActivityPtr> retired_;  // completed; released at the next event
+  MaestroList maestro_;
+
+  Wire& wire(size_t src, size_t dst) {
+    Wire& w = wires_[src * s_.ranks() + dst];
+    if (w.from == nullptr) {
+      w.from = job_.hosts[src];
+      w.to = job_.hosts[dst];
+      w.credits = job_.steps;
+      auto found = job_.wire_latency.find(src * s_.ranks() + dst);
+      w.latency = found == job_.wire_latency.end() ? 0.0 : found->second;
+    }
+    return w;
+  }
+
+  void woken(size_t r) {
+    retired_.clear();
+    ready_.push_back(r);
+    drain();
+  }
+
+  void drain() {  // advance every ready rank (once: a rank woken meanwhile queues)
+    if (draining_)
+      return;
+    draining_ = true;
+    while (!ready_.empty()) {
+      size_t r = ready_.front();
+      ready_.pop_front();
+      advance(ranks_[r]);
+    }
+    draining_ = false;
+  }
+
+  void completed(sg4::Activity const& a) {
+    retired_.clear();
+    auto* waker = a.get_data<Waker>();
+    if (waker == nullptr)
+      return;
+    if (!waker->is_message) {  // a rank's CPU time is over
+      auto* k = static_cast<Rank*>(waker);
+      retired_.push_back(k->exec);
+      k->exec = nullptr;
+      ready_.push_back(k->r);
+    } else {
+      auto* m = static_cast<Letter*>(waker);
+      retired_.push_back(m->comm);
+      m->comm = nullptr;
+      m->arrived = true;
+      for (int64_t* waiting : {&m->sender, &m->receiver})
+        if (*waiting >= 0) {
+          ready_.push_back(static_cast<size_t>(*waiting));
+          *waiting = -1;
+        }
+      if (job_.fifo) {  // World._wire: the next message goes
+        m->due = sg4::Engine::get_clock() + m->wire->latency;
+        Wire* w = m->wire;
+        release(m);
+        w->sending = false;
+        send_next(*w);
+      }
+    }
+    drain();
+  }
+
+  void release(Letter* m) {
+    if (--m->refs == 0)
+      delete m;
+  }
+
+  void transmit(Letter* m) {
+    m->comm = sg4::Comm::sendto_init(m->wire->from, m->wire->to);
+    m->comm->set_payload_size(static_cast<uint64_t>(m->bytes));
+    m->comm->set_data(static_cast<Waker*>(m));
+    m->comm->start();
+    maestro_.forget(*m->comm);
+  }
+
+  void send_next(Wire& w) {
+    if (w.sending || w.queue.empty())
+      return;
+    Letter* m = w.queue.front();
+    w.queue.pop_front();
+    w.sending = true;
+    transmit(m);
+  }
+
+  Letter* post_send(Wire& w, int64_t bytes) {  // put_async (lockstep) or World.enqueue (fifo)
+    Letter* m;
+    bool matched = !w.wanted.empty();
+    if (matched) {
+      m = w.wanted.front();
+      w.wanted.pop_front();
+    } else {
+      m = new Letter();
+      m->wire = &w;
+      w.sent.push_back(m);
+    }
+    m->bytes = bytes;
+    if (job_.fifo) {
+      w.queue.push_back(m);
+      send_next(w);
+    } else if (job_.eager || matched) {  // eager: now; else once both are posted
+      transmit(m);
+    }
+    return m;
+  }
+
+  Letter* post_recv(Wire& w) {  // get_async
+    if (!w.sent.empty()) {
+      Letter* m = w.sent.front();
+      w.sent.pop_front();
+      if (!job_.fifo && !job_.eager)
+        transmit(m);
+      return m;
+    }
+    auto* m = new Letter();
+    m->wire = &w;
+    w.wanted.push_back(m);
+    return m;
+  }
+
+  // World.owe / settle / busy: the rank's debt as one Exec on its host
+  bool settle(Rank& k) {
+    if (k.owed == 0)
+      return false;
+    k.exec = sg4::Exec::init();
+    k.exec->set_flops_amount(k.owed)->set_host(job_.hosts[k.r]);
+    k.exec->set_data(static_cast<Waker*>(&k));
+    k.owed = 0;
+    k.exec->start();
+    maestro_.forget(*k.exec);
+    return true;
+  }
+  bool busy(Rank& k, int64_t messages) {
+    if (job_.overhead == 0 || messages == 0)
+      return false;
+    k.owed += job_.overhead * job_.speed * static_cast<double>(messages);
+    return settle(k);
+  }
+
+  void post(Rank& k, const int64_t* entry) {  // SimTransport.post's messages
+    int64_t sends = entry[1], recvs = entry[2];
+    const int64_t* peer = entry + 3;
+    for (int64_t j = 0; j < recvs; j++, peer += 2) {
+      Note& h = k.notes.emplace_back();
+      h.kind = RECV;
+      h.wire = &wire(static_cast<size_t>(peer[0]), k.r);
+      h.letter = post_recv(*h.wire);
+    }
+    for (int64_t j = 0; j < sends; j++, peer += 2) {
+      Note& h = k.notes.emplace_back();
+      h.wire = &wire(k.r, static_cast<size_t>(peer[0]));
+      h.kind = job_.fifo ? CREDIT : SEND;
+      Letter* m = post_send(*h.wire, peer[1]);
+      h.letter = job_.fifo ? nullptr : m;
+      messages_ += 1;
+      bytes_ += peer[1];
+    }
+    if ((++posts_ & 1023) == 0)
+      progress();
+  }
+
+  // Runs rank k's record from where it stopped until it must wait: the actor's
+  // program (ActorWorld::rank and wait), cut at each blocking call.
+  void advance(Rank& k) {
+    const int64_t* log = s_.data.data() + s_.start[k.r];
+    size_t n = s_.start[k.r + 1] - s_.start[k.r];
+    while (k.i < n) {
+      where_[k.r] = k.i;
+      const int64_t* entry = log + k.i;
+      if (entry[0] == REDUCE) {
+        if (job_.reductions)
+          k.owed += static_cast<double>(entry[1]);
+        k.i += 2;
+        continue;
+      }
+      if (entry[0] == POST) {
+        if (k.stage == 0 && (k.stage = 1, busy(k, entry[1])))
+          return;
+        if (k.stage == 1 && (k.stage = 2, settle(k)))
+          return;
+        post(k, entry);
+        k.i += 3 + 2 * static_cast<size_t>(entry[1] + entry[2]);
+        k.stage = 0;
+        continue;
+      }
+      Note& h = k.notes.at(static_cast<size_t>(entry[1]));  // WAIT
+      if (!wait(k, h))
+        return;
+      k.i += 2;
+      k.stage = 0;
+    }
+    where_[k.r] = n;
+    if (k.stage == 0 && (k.stage = 1, settle(k)))
+      return;
+    if (k.stage == 1) {
+      k.stage = 2;
+      finished_[k.r] = sg4::Engine::get_clock();
+    }
+  }
+
+  bool wait(Rank& k, Note& h) {  // false: not yet (advance(k) again when woken)
+    if (h.kind == RECV && k.stage == 0 && h.done)
+      return true;
+    if (k.stage == 0 && (k.stage = 1, settle(k)))
+      return false;
+    if (h.kind == SEND) {  // _Send.wait
+      if (!h.done) {
+        if (!h.letter->arrived) {
+          h.letter->sender = static_cast<int64_t>(k.r);
+          return false;
+        }
+        h.done = true;
+        release(h.letter);
+      }
+      return true;
+    }
+    if (h.kind == CREDIT) {  // _Credit.wait
+      if (!h.done) {
+        if (h.wire->credits == 0) {
+          h.wire->blocked = static_cast<int64_t>(k.r);
+          return false;
+        }
+        h.wire->credits--;
+        h.done = true;
+      }
+      return true;
+    }
+    Letter* m = h.letter;  // _Recv.wait
+    if (k.stage == 1) {
+      if (!m->arrived) {
+        m->receiver = static_cast<int64_t>(k.r);
+        return false;
+      }
+      h.done = true;
+      k.stage = 2;
+      if (job_.fifo) {  // World.landed
+        double now = sg4::Engine::get_clock();
+        double due = m->due >= 0 ? m->due : now + h.wire->latency;
+        if (due > now) {
+          size_t r = k.r;
+          simgrid::kernel::timer::Timer::set(due, [this, r] { woken(r); });
+          return false;
+        }
+      }
+    }
+    if (k.stage == 2) {
+      k.stage = 3;
+      if (job_.fifo) {  // World.consumed
+        Wire& w = *h.wire;
+        w.credits++;
+        if (w.blocked >= 0) {
+          ready_.push_back(static_cast<size_t>(w.blocked));
+          w.blocked = -1;
+        }
+      }
+      h.letter = nullptr;
+      release(m);
+      if (busy(k, 1))
+        return false;
+    }
+    return true;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -433,8 +842,13 @@ int main(int argc, char** argv) {
     }
     std::string job_path = argv[2], schedule_path = argv[3];
     std::vector<char*> args{argv[0]};
-    for (int i = 4; i < argc; i++)
-      args.push_back(argv[i]);
+    bool actors = false;
+    for (int i = 4; i < argc; i++) {
+      if (std::string(argv[i]) == "--actors")
+        actors = true;
+      else
+        args.push_back(argv[i]);
+    }
     int count = static_cast<int>(args.size());
     args.push_back(nullptr);
     sg4::Engine engine(&count, args.data());
@@ -442,10 +856,17 @@ int main(int argc, char** argv) {
     Job job = read_job(job_path);
     if (job.hosts.size() != schedule.ranks())
       throw std::runtime_error("the job's ranks and the schedule's differ");
-    World world(schedule, std::move(job));
-    world.start();
-    engine.run();
-    world.report();
+    if (actors) {
+      ActorWorld world(schedule, std::move(job));
+      world.start();
+      engine.run();
+      world.report();
+    } else {
+      EventWorld world(schedule, std::move(job));
+      world.start();
+      engine.run();
+      world.report();
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error %s\n", e.what());
     return 1;

@@ -2,12 +2,12 @@
 
 :func:`colltutor.simulate.simulate` with ``replay=True`` records each rank's
 messages once (:mod:`colltutor.schedule`); this module plays that record on a
-small C++ program (``replay.cpp``, beside this file, compiled on first use) whose
-ranks are SimGrid actors making, call for call, the S4U calls that
-:mod:`colltutor.transports.simgrid` makes from Python: the same mailboxes, FIFO
-credits, wires, reductions and late starts, so the simulated times are the same.
-What changes is the cost of a message: a few C++ context switches instead of
-Python thread hand-offs.
+small C++ program (``replay.cpp``, beside this file, compiled on first use) that
+starts the activities :mod:`colltutor.transports.simgrid` starts from Python, at
+the same simulated instants: the same rendezvous, FIFO credits, wires,
+reductions and late starts, so the simulated times are the same.  Its ranks are
+state machines advanced by SimGrid's completion signals, not threads or actors,
+so a message costs a few microseconds.
 
 The program reads a platform description (:func:`describe`): hosts, links, and the
 routes of the (sender, receiver) pairs the record uses, exactly as
@@ -36,10 +36,6 @@ from colltutor.topologies import DOWN, UP, Hop
 from colltutor.transports import simgrid as sim
 
 SOURCE = pathlib.Path(__file__).with_name("replay.cpp")
-
-PROGRESS_AFTER = 10.0
-"""Real seconds of replaying after which its progress is printed (every 5 s)."""
-
 
 def program_dir() -> pathlib.Path:
     """Where the compiled replayer is kept, named by its source's hash:
@@ -217,11 +213,14 @@ def pairs(binary: pathlib.Path, schedule: pathlib.Path) -> list[tuple[int, int]]
 
 
 def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
-        late: dict[int, float] | None = None, semantics: str = "lockstep"
-        ) -> sim.Outcome:
+        late: dict[int, float] | None = None, semantics: str = "lockstep",
+        actors: bool = False) -> sim.Outcome:
     """Replay the record in the file ``schedule`` on ``topology``: what
     :func:`colltutor.transports.simgrid.run` gives for the algorithm itself.
-    Progress goes to stderr after :data:`PROGRESS_AFTER` seconds."""
+    The ranks are state machines advanced by SimGrid's completion signals;
+    ``actors=True``: C++ actors instead, call for call the Python transport's
+    (slower; the cross-check).  Its progress goes to
+    :func:`colltutor.runtime.progress`."""
     if semantics not in sim.SEMANTICS:
         raise ValueError(f"semantics {semantics!r}: choose from "
                          f"{', '.join(sim.SEMANTICS)}")
@@ -239,10 +238,12 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
         f.flush()
         built = time.perf_counter() - start
         start = time.perf_counter()
-        with subprocess.Popen([str(binary), "run", f.name, str(schedule), *config],
+        engine = ["--actors"] if actors else []
+        with subprocess.Popen([str(binary), "run", f.name, str(schedule), *engine,
+                               *config],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as proc:
-            errors = _follow(proc.stderr, start)
+            errors = _follow(proc.stderr)
             out = proc.stdout.read()
             code = proc.wait()
     wall = time.perf_counter() - start
@@ -260,21 +261,19 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
                        int(fields["messages"][0]), int(fields["bytes"][0]), wall, built)
 
 
-def _follow(stream: Any, start: float) -> list[str]:
-    """Read the replayer's stderr to its end: print its progress lines now and
-    then, keep the rest (errors)."""
+def _follow(stream: Any) -> list[str]:
+    """Read the replayer's stderr to its end: pass its progress lines (one a
+    second) on to :func:`colltutor.runtime.progress`, keep the rest (errors)."""
+    from colltutor import runtime
+
     kept: list[str] = []
-    shown = start + PROGRESS_AFTER - 5
+    total = 0
     for line in stream:
         if not line.startswith("progress "):
             kept.append(line)
             continue
-        now = time.perf_counter()
-        if now - shown >= 5:
-            shown = now
-            sent, total, clock = line.split()[1:]
-            print(f"replaying on the C++ engine: {int(sent):,} of {int(total):,} "
-                  f"messages ({100 * int(sent) / max(int(total), 1):.0f}%), "
-                  f"{float(clock) * 1e6:.0f} us simulated, {now - start:.0f} s",
-                  file=sys.stderr, flush=True)
+        sent, total = (int(n) for n in line.split()[1:3])
+        runtime.progress("replaying on the C++ engine", sent, total, "messages")
+    if total:
+        runtime.progress("replaying on the C++ engine", total, total, "messages")
     return kept
