@@ -312,8 +312,9 @@ def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
         topology = f"h100-cluster:{p // 8}" if p > 8 else "h100-node"
         ring, ring_pair = model_us("all_reduce", "ring", nbytes, topology)
         tree, tree_pair = model_us("all_reduce", "double_binary_tree", nbytes, topology)
-        row = {"p": p, "bytes": nbytes, "nccl_ring_us": nccl_latency("ring", p) * 1e6,
-               "nccl_tree_us": nccl_latency("tree", p) * 1e6, "semantics": semantics,
+        row = {"p": p, "bytes": nbytes, "semantics": semantics,
+               "formula_ring_us": nccl_latency("ring", p) * 1e6,
+               "formula_tree_us": nccl_latency("tree", p) * 1e6,
                "model_ring_us": ring, "model_ring_pair": ring_pair,
                "model_tree_us": tree, "model_tree_pair": tree_pair}
         for name in names:
@@ -330,7 +331,7 @@ def latency_fidelity(ranks: list[int], nbytes: int, semantics: str = "lockstep",
             cells.append(f"{r.seconds * 1e6:20.1f}")
             row[f"{name}_us"] = r.seconds * 1e6
         print(f"  {p:5d} " + " ".join(cells)
-              + f" {row['nccl_ring_us']:10.1f} {row['nccl_tree_us']:10.1f}"
+              + f" {row['formula_ring_us']:10.1f} {row['formula_tree_us']:10.1f}"
               f" {ring or 0:9.1f} {ring_pair:>6} {tree or 0:9.1f} {tree_pair:>6}",
               flush=True)
         out.append(row)

@@ -398,6 +398,9 @@ def two_sockets(fontsize: float = MIN) -> list[Figure]:
 # -- Chapter 12: the stored sweeps --------------------------------------------------
 
 STYLES = {("all_reduce", "ring"): ("ring all-reduce", 0, "o-"),
+          ("all_reduce", "multi_channel_ring"): ("rail-matched ring, 16 channels", 3,
+                                                 "v-"),
+          ("all_reduce", "nccl_tree"): ("NCCL's tree", 7, "P-"),
           ("all_reduce", "double_binary_tree"): ("double binary tree", 1, "s-"),
           ("all_reduce", "hierarchical"): ("hierarchical all-reduce", 2, "^-"),
           ("all_gather", "ring"): ("ring all-gather", 4, "o--"),
@@ -406,7 +409,8 @@ STYLES = {("all_reduce", "ring"): ("ring all-reduce", 0, "o-"),
 """Line label, colour (index into the palette) and style of each swept algorithm."""
 
 
-def _sweep(nbytes: int) -> dict[tuple[str, str], list[tuple[int, dict]]]:
+def _sweep(nbytes: int, leave: tuple[str, ...] = ()
+           ) -> dict[tuple[str, str], list[tuple[int, dict]]]:
     """The stored ``--scale ranks`` (and ``large``) runs of ``nbytes``, by algorithm."""
     import json
 
@@ -414,17 +418,18 @@ def _sweep(nbytes: int) -> dict[tuple[str, str], list[tuple[int, dict]]]:
                        / "simulate_scale.json").read_text())
     lines: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for run in data["ranks"] + data.get("ranks_1024_large", []):
-        if run["bytes"] == nbytes and "skipped" not in run:
+        if run["bytes"] == nbytes and "skipped" not in run \
+                and run["algorithm"] not in leave:
             lines.setdefault((run["collective"], run["algorithm"]), []).append(
                 (run["p"], run))
     return {k: sorted(v, key=lambda pr: pr[0]) for k, v in lines.items()}
 
 
 def _scale_plot(nbytes: int, value, ylabel: str, title: str, log_y: bool,
-                fontsize: float) -> Figure:
+                fontsize: float, leave: tuple[str, ...] = ()) -> Figure:
     fig = draw.figure(figsize=(draw.WIDTH, 3.6), layout="constrained")
     ax = fig.subplots()
-    for key, points in _sweep(nbytes).items():
+    for key, points in _sweep(nbytes, leave).items():
         name, colour, style = STYLES[key]
         ax.plot([p for p, _ in points], [value(r) for _, r in points], style,
                 color=draw._line(colour), label=name, linewidth=1.6, markersize=5)
@@ -451,14 +456,14 @@ def scale_latency(fontsize: float = MIN) -> list[Figure]:
     collective against the number of GPUs (``book/data/simulate_scale.json``)."""
     return [_scale_plot(1 << 16, lambda r: r["seconds"] * 1e6, "time (µs, log)",
                         "64 KiB: the ring grows with p, trees and PAT with lg p",
-                        True, fontsize)]
+                        True, fontsize, leave=("multi_channel_ring",))]
 
 
 def scale_bandwidth(fontsize: float = MIN) -> list[Figure]:
     """Chapter 12's bandwidth table as a picture: the simulated busbw of a 64 MiB
     collective against the number of GPUs (``book/data/simulate_scale.json``)."""
     return [_scale_plot(1 << 26, lambda r: r["busbw"], "busbw (GB/s, log)",
-                        "64 MiB: only the hierarchical algorithms use every NIC",
+                        "64 MiB: what uses every NIC at once wins",
                         True, fontsize)]
 
 
@@ -682,6 +687,8 @@ def straggler(fontsize: float = MIN) -> list[Figure]:
                        / "simulate_scale.json").read_text())
     times: dict[tuple[str, str], dict[float, float]] = {}
     for run in data["straggler"]:
+        if "seconds" not in run:
+            continue
         key = (run["collective"], run["algorithm"])
         times.setdefault(key, {})[run["late"]] = run["seconds"] * 1e6
     keys = list(times)
@@ -694,12 +701,12 @@ def straggler(fontsize: float = MIN) -> list[Figure]:
                 label="on time" if row == 0 else None)
         ax.barh(row, late - on, left=on, color=draw.PALETTE[5], edgecolor="black",
                 linewidth=0.5, label="added by the straggler" if row == 0 else None)
-        ax.text(late + 40, row, f"+{late - on:.0f} µs", va="center",
+        ax.text(late * 1.02, row, f"+{late - on:.0f} µs", va="center",
                 fontsize=fontsize)
     ax.set_yticks(range(len(keys)),
                   [f"{STYLES[k][0]}" if k in STYLES else " ".join(k) for k in keys])
     ax.invert_yaxis()
-    ax.set_xlim(0, 3600)
+    ax.set_xlim(0, 1.25 * max(max(t.values()) for t in times.values()))
     ax.set_xlabel("simulated µs, 64 GPUs, 16 MiB, rank 0 late by 100 µs",
                   fontsize=fontsize)
     ax.tick_params(labelsize=fontsize)
@@ -751,8 +758,9 @@ def _pick(run: dict) -> str:
     return f"{algorithm}/{protocol.upper()} {_us(run['nccl_choice_seconds'])}"
 
 
-def _by_gpus(nbytes: int, value) -> Table:
-    runs = [r for r in _stored()["ranks"] if r["bytes"] == nbytes]
+def _by_gpus(nbytes: int, value, leave: tuple[str, ...] = ()) -> Table:
+    runs = [r for r in _stored()["ranks"]
+            if r["bytes"] == nbytes and r["algorithm"] not in leave]
     gpus = sorted({r["p"] for r in runs})
     keys = list(dict.fromkeys((r["collective"], r["algorithm"]) for r in runs))
     cell = {(r["collective"], r["algorithm"], r["p"]): r for r in runs}
@@ -769,7 +777,7 @@ def latency_table() -> Table:
     """Simulated µs of a 64 KiB collective from 8 to 1,024 GPUs, NCCL's model for
     the same algorithm and protocol in brackets, and what NCCL would pick."""
     return _by_gpus(64 << 10, lambda r: "—" if r is None or "seconds" not in r
-                    else _us(r["seconds"]) + _nccl(r))
+                    else _us(r["seconds"]) + _nccl(r), leave=("multi_channel_ring",))
 
 
 def bandwidth_table() -> Table:
@@ -845,3 +853,61 @@ def all_to_all_table() -> Table:
             rows.append([f"{p} GPUs, {_size(size)}"] + [
                 _us(mine[a]["seconds"]) if a in mine else "—" for a in names])
     return Table(["case"] + names, rows)
+
+
+def _fidelity() -> dict[str, list[dict]]:
+    import json
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
+                       / "simulate_fidelity.json").read_text())
+
+
+def latency_fidelity_table() -> Table:
+    """All-reduce at 16 KiB from 8 to 1,024 GPUs, FIFO semantics, each algorithm
+    with the protocol NCCL's model picks: simulated µs, NCCL's model in brackets."""
+    def cell(r: dict, key: str, model: str = "") -> str:
+        if key not in r:
+            return "—"
+        return f"{r[key]:,.0f} ({r[model]:,.0f})" if model else f"{r[key]:,.0f}"
+
+    rows = [[f"{r['p']:,}", cell(r, "ring_us", "model_ring_us"),
+             cell(r, "double_binary_tree_us", "model_tree_us"),
+             cell(r, "nccl_tree_us", "model_tree_us"), cell(r, "hierarchical_us")]
+            for r in _fidelity()["latency_fifo"]]
+    return Table(["GPUs", "ring", "textbook tree", "NCCL's tree", "hierarchical"],
+                 rows)
+
+
+def fidelity_table() -> Table:
+    """The simulator against published figures (``--fidelity``, FIFO semantics):
+    busbw on one node and across nodes, and NVLS on part of a node."""
+    data = _fidelity()
+    rows = []
+    names = {("all_reduce", "nvls"): "NVLS all-reduce", ("all_reduce", "ring"):
+             "ring all-reduce", ("all_gather", "ring"): "ring all-gather",
+             ("reduce_scatter", "ring"): "ring reduce-scatter"}
+    for r in data.get("nvlink_fifo", []):
+        if r.get("published"):
+            rows.append([f"8 x H100, {names[(r['collective'], r['algorithm'])]}, 1 GiB",
+                         f"{r['busbw']:.0f}", f"~{r['published']}",
+                         f"{r['busbw'] / r['published']:.2f}", _source(r["source"])])
+    for r in data.get("nvls_fifo", []):
+        if r["gpus"] < 8:
+            rows.append([f"{r['gpus']} x H100, NVLS all-reduce, 1 GiB",
+                         f"{r['busbw']:.0f}", f"~{r['published']}",
+                         f"{r['busbw'] / r['published']:.2f}", _source(r["source"])])
+    for r in data.get("nodes_fifo", []):
+        what = ("one NIC (a send between two nodes)" if r["collective"] == "broadcast"
+                else f"{r['p'] // 8} nodes, rail-matched ring all-reduce")
+        rows.append([f"{what}, 1 GiB", f"{r['busbw']:.0f}", f"{r['published']}",
+                     f"{r['busbw'] / r['published']:.2f}", _source(r["source"])])
+    return Table(["case", "simulated (GB/s)", "published (GB/s)", "ratio", "source"],
+                 rows)
+
+
+def _source(text: str) -> str:
+    """The issue a published figure comes from, as ``nccl-tests#212``."""
+    import re
+
+    found = re.search(r"(?:NVIDIA/)?(nccl(?:-tests)?)#(\d+)", text)
+    return f"{found[1]}#{found[2]}" if found else text

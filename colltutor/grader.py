@@ -578,7 +578,7 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
         small = simulate(collective, 4 * p * 4, cluster, guarded, real=True,
                          trace=False, timeout=max(timeout, 600))
         large = simulate(collective, nbytes, cluster, guarded, real=False,
-                         trace=False, timeout=max(timeout, 600))
+                         trace=False, timeout=max(timeout, 600), replay=True)
     except RuntimeError as error:  # SimulationError: raised or deadlocked
         report.ok = False
         report.message = (f"FAILED {_name(fn)} as {collective} on {where}: "
@@ -591,7 +591,7 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
                           f"inputs ({small.nbytes} bytes, real tensors)")
         return
     ref = simulate(collective, nbytes, cluster, reference, real=False, trace=False,
-                   timeout=max(timeout, 600))
+                   timeout=max(timeout, 600), replay=True)
     report.simulated = {"topology": cluster.name, "ranks": p, "bytes": nbytes,
                         "busbw": large.busbw, "seconds": large.seconds,
                         "messages": large.messages, "reference": reference,
