@@ -328,7 +328,7 @@ class Comm:
         every reducing ring, halving and doubling.  ``send`` and ``acc`` may be the
         same tensor: a segment is combined only once it has been sent.
 
-        Both messages travel in :func:`segments`, :attr:`in_flight` of them (two)
+        Both messages travel in :func:`segments`, ``in_flight`` of them (two)
         posted ahead, so combining one overlaps receiving the next; in place, each
         lands in a reused slot.  (A simulated NCCL connection keeps ``NCCL_STEPS``
         in flight, the slots of its FIFO.)
@@ -385,7 +385,7 @@ class Comm:
 
     def _slots(self, incoming: list[torch.Tensor]) -> list[torch.Tensor]:
         """Where the segments of a message land before they are combined:
-        :attr:`in_flight` slots (two) the size of its longest segment, used in turn
+        ``in_flight`` slots (two) the size of its longest segment, used in turn
         (one while it is short)."""
         like = incoming[0]
         size, n = like.numel(), min(self.in_flight, len(incoming))

@@ -186,8 +186,8 @@ def cache_dir() -> pathlib.Path:
 
 
 MAGIC = b"CTSCHED1"
-"""A record's file: these 8 bytes, the ranks, each rank's length in entries, then
-every rank's entries, all as native 64-bit integers (what ``replay.cpp`` reads)."""
+"""A record file's first 8 bytes; then the ranks, each rank's length in entries,
+then every rank's entries, all as native 64-bit integers (what ``replay.cpp`` reads)."""
 
 
 def save(logs: list[array], path: pathlib.Path) -> None:

@@ -90,7 +90,7 @@ class Result:
     """NCCL's tuning model for this collective on this topology (a GPU one), every
     pair's time and its ``choice`` (:func:`colltutor.nccl_model.nccl_model`)."""
     nccl_pair: tuple[str, str] | None = None
-    """The (algorithm, protocol) pair of NCCL's that this run stands for: the one
+    """NCCL's algorithm and protocol that this run stands for, as a pair; the one
     simulate ran for NCCL's choice, or the counterpart of the algorithm named."""
 
     @property
@@ -146,9 +146,10 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     elsewhere): once it has arrived, so a step ends when all its messages have.
     ``replay``: record each rank's messages once (on meta tensors, cached on
     disk), then replay them on the simulated cluster without running the
-    algorithm there, on SimGrid's C++ engine (:mod:`colltutor.transports.
-    simgrid_replay`; on Python actors without a C++ compiler and SimGrid's
-    headers): the same simulated times, far fewer real seconds, no result to
+    algorithm there, on SimGrid's C++ engine
+    (:mod:`colltutor.transports.simgrid_replay`; on Python actors without a C++
+    compiler and SimGrid's headers): the same simulated times, far fewer real
+    seconds, no result to
     check and no trace (:mod:`colltutor.schedule`; an algorithm that polls, and
     NVLink SHARP, run as actors anyway; ``Result.engine`` says which ran).
     Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).

@@ -105,7 +105,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
 """``ideal`` is the hardware's raw rate with no latency; the others are NCCL's."""
 
 NET_OVERHEAD = 1e-6
-"""Seconds a step waits at least on a node of a multi-node job: NCCL's network
+"""Seconds a step waits at least on a node of a multi-node job, NCCL's network
 post overhead on x86 Intel hosts (``getNetOverhead``), charged x3 for Simple to
 every intra-node step of a ring across nodes (``ncclTopoTuneModel``,
 ``src/graph/tuning.cc``, NCCL 2.30.7)."""

@@ -28,7 +28,7 @@ NCCL_STEPS = 8
 """Slots of a connection's FIFO (``src/include/device.h``)."""
 
 CHUNK_BYTES = (1 << 22) // NCCL_STEPS
-"""The tree's chunk with the Simple protocol: one step of the 4 MiB buffer
+"""The tree's chunk with the Simple protocol, one step of the 4 MiB buffer
 (``DEFAULT_BUFFSIZE``, ``src/init.cc``; ``calcCollChunking`` in ``src/enqueue.cc``
 gives the tree one step a chunk where the ring gets ``ALLREDUCE_CHUNKSTEPS``)."""
 

@@ -178,9 +178,10 @@ def _star_route(topology: Any, src: int, dst: int) -> list[Hop]:
 
 def job(topology: Any, pairs: list[tuple[int, int]], semantics: str,
         late: dict[int, float], platform: Platform | None = None) -> str:
-    """What ``replay.cpp run`` reads: the World's settings (:class:`colltutor.
-    transports.simgrid.World`), the platform (:func:`describe`, unless given),
-    each rank's host and late start, and under FIFO semantics each pair's route
+    """What ``replay.cpp run`` reads: the World's settings
+    (:class:`colltutor.transports.simgrid.World`), the platform (:func:`describe`,
+    unless given), each rank's host and late start, and under FIFO semantics each
+    pair's route
     latency."""
     fifo = semantics == "fifo"
     platform = platform or describe(topology, pairs, latencies=not fifo)
