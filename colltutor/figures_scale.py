@@ -409,13 +409,18 @@ STYLES = {("all_reduce", "ring"): ("ring all-reduce", 0, "o-"),
 """Line label, colour (index into the palette) and style of each swept algorithm."""
 
 
+def _stored(name: str = "simulate_scale") -> dict[str, list[dict]]:
+    """The benchmark rows stored in ``book/data/<name>.json``."""
+    import json
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
+                       / f"{name}.json").read_text())
+
+
 def _sweep(nbytes: int, leave: tuple[str, ...] = ()
            ) -> dict[tuple[str, str], list[tuple[int, dict]]]:
     """The stored ``--scale ranks`` (and ``large``) runs of ``nbytes``, by algorithm."""
-    import json
-
-    data = json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
-                       / "simulate_scale.json").read_text())
+    data = _stored()
     lines: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for run in data["ranks"] + data.get("ranks_1024_large", []):
         if run["bytes"] == nbytes and "skipped" not in run \
@@ -681,10 +686,7 @@ def straggler(fontsize: float = MIN) -> list[Figure]:
     """Chapter 12's straggler table as bars: each algorithm's simulated time on 64
     GPUs at 16 MiB, on time and with rank 0 entering 100 µs late
     (``book/data/simulate_scale.json``)."""
-    import json
-
-    data = json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
-                       / "simulate_scale.json").read_text())
+    data = _stored()
     times: dict[tuple[str, str], dict[float, float]] = {}
     for run in data["straggler"]:
         if "seconds" not in run:
@@ -734,13 +736,6 @@ NAMES = {**{key: label for key, (label, _, _) in STYLES.items()},
          ("all_reduce", "recursive_doubling"): "recursive doubling",
          ("all_to_all", "bruck"): "Bruck's all-to-all"}
 """How the tables name each swept (collective, algorithm)."""
-
-
-def _stored() -> dict[str, list[dict]]:
-    import json
-
-    return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
-                       / "simulate_scale.json").read_text())
 
 
 def _us(seconds: float | None) -> str:
@@ -855,13 +850,6 @@ def all_to_all_table() -> Table:
     return Table(["case"] + names, rows)
 
 
-def _fidelity() -> dict[str, list[dict]]:
-    import json
-
-    return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
-                       / "simulate_fidelity.json").read_text())
-
-
 def latency_fidelity_table() -> Table:
     """All-reduce at 16 KiB from 8 to 1,024 GPUs, FIFO semantics, each algorithm
     with the protocol NCCL's model picks: simulated µs, NCCL's model in brackets."""
@@ -873,7 +861,7 @@ def latency_fidelity_table() -> Table:
     rows = [[f"{r['p']:,}", cell(r, "ring_us", "model_ring_us"),
              cell(r, "double_binary_tree_us", "model_tree_us"),
              cell(r, "nccl_tree_us", "model_tree_us"), cell(r, "hierarchical_us")]
-            for r in _fidelity()["latency_fifo"]]
+            for r in _stored("simulate_fidelity")["latency_fifo"]]
     return Table(["GPUs", "ring", "textbook tree", "NCCL's tree", "hierarchical"],
                  rows)
 
@@ -881,7 +869,7 @@ def latency_fidelity_table() -> Table:
 def fidelity_table() -> Table:
     """The simulator against published figures (``--fidelity``, FIFO semantics):
     busbw on one node and across nodes, and NVLS on part of a node."""
-    data = _fidelity()
+    data = _stored("simulate_fidelity")
     rows = []
     names = {("all_reduce", "nvls"): "NVLS all-reduce", ("all_reduce", "ring"):
              "ring all-reduce", ("all_gather", "ring"): "ring all-gather",
