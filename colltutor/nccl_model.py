@@ -102,7 +102,7 @@ SM90_SPEEDS_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0,
 (GB/s) ``ncclTopoCompute`` tries, fastest first, on one node / across nodes."""
 
 NVLINK_TOTAL = 18 * 20.6  # GB/s per GPU into the NVSwitch: 18 x SM90_NVLINK_BW (topo.h)
-GPU_NIC = 48.0            # GB/s of the GPU-NIC path (PCIe Gen5 x16 as NCCL rates it)
+GPU_NIC = topologies.GPU_NIC / topologies.GB  # GB/s of the GPU-NIC path (PCIe Gen5 x16)
 MAX_CHANNELS = 32         # ringGraph->maxChannels = MAXCHANNELS / 2 (init.cc)
 
 

@@ -54,6 +54,15 @@ NCCL_STEPS = 8
 """Slots of a connection's FIFO, each one pipeline step (``NCCL_STEPS``,
 ``src/include/device.h``, NCCL 2.30.7)."""
 
+NIC = 50 * GB
+"""A 400 Gb/s NIC's line rate, bytes/s each way."""
+
+GPU_NIC = 48 * GB
+"""The rate NCCL's topology gives the PCIe Gen5 x16 path between a GPU and its NIC:
+``width * speed / 80`` GB/s with ``"32.0 GT/s PCIe"`` -> 240 (``kvDictPciGen``,
+``ncclTopoAddPci``, ``src/graph/topo.cc``, NCCL 2.30.7), 16 x 240 / 80 = 48.
+Traffic to the network moves at the slower of it and :data:`NIC`."""
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -74,9 +83,9 @@ class Protocol:
     8 lines x 512 threads x 8 steps x 16 bytes), LL128 one 8-byte flag per 128-byte
     line (120/128 payload; NCCL's model counts 0.92; ``DEFAULT_LL128_BUFFSIZE`` =
     120 elements x 640 threads x 8 steps x 8 bytes); Simple sends 4 MiB buffers
-    (``DEFAULT_BUFFSIZE``) of 8 steps and waits for them (more latency).  NVIDIA
-    quotes 46-48 GB/s for a 400 Gb/s NIC (NVIDIA/nccl-tests issue 290).  The
-    bandwidth caps of NCCL's model are :func:`protocol_cap`'s.
+    (``DEFAULT_BUFFSIZE``) of 8 steps and waits for them (more latency).  Across
+    nodes a step moves at the GPU-NIC path's rate (:data:`GPU_NIC` of the NIC's
+    :data:`NIC`).  The bandwidth caps of NCCL's model are :func:`protocol_cap`'s.
     """
 
     name: str
@@ -96,10 +105,10 @@ class Protocol:
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("ideal", 1.0, 1.0, 0.0, 0.0, 0.0),
-    Protocol("simple", 20.6 / 25, 47 / 50, 3.4e-6, 14e-6, 8.4e-6, 1 << 22),
-    Protocol("ll128", 20.6 / 25 * 0.92, 47 / 50 * 0.92, 1.9e-6, 4.0e-6, 14e-6,
+    Protocol("simple", 20.6 / 25, GPU_NIC / NIC, 3.4e-6, 14e-6, 8.4e-6, 1 << 22),
+    Protocol("ll128", 20.6 / 25 * 0.92, GPU_NIC / NIC * 0.92, 1.9e-6, 4.0e-6, 14e-6,
              120 * 640 * NCCL_STEPS * 8, 120 / 128),
-    Protocol("ll", 20.6 / 25 * 0.5, 47 / 50 * 0.5, 0.6e-6, 2.7e-6, 6.6e-6,
+    Protocol("ll", 20.6 / 25 * 0.5, GPU_NIC / NIC * 0.5, 0.6e-6, 2.7e-6, 6.6e-6,
              8 * 512 * NCCL_STEPS * 16, 0.5),
 )}
 """``ideal`` is the hardware's raw rate with no latency; the others are NCCL's."""
@@ -212,7 +221,7 @@ class RailCluster:
     gpus: int = 8
     nvlink: float = 450 * GB
     nvlink_latency: float = 0.0
-    nic: float = 50 * GB
+    nic: float = NIC
     nic_latency: float = 0.0
     nodes_per_leaf: int = 32
     oversubscription: float = 1.0
@@ -328,7 +337,7 @@ def h100_cluster(nodes: int, oversubscription: float = 1.0,
         hop = max(hop, NET_OVERHEAD * (3 if protocol == "simple" else 1))
     return RailCluster(f"{name}:{nodes}/{protocol}", nodes, gpus,
                        _capped(450 * GB * proto.nvlink, cap), hop,
-                       _capped(50 * GB * proto.net, cap), proto.net_hop,
+                       _capped(NIC * proto.net, cap), proto.net_hop,
                        oversubscription=oversubscription, gamma=H100_GAMMA,
                        launch=proto.launch, step=proto.step)
 
