@@ -224,6 +224,7 @@ def stored(directory: str, name: str | None, make: Callable[[], list[array]]
     or a cache that cannot be written)."""
     path = pathlib.Path(directory) / f"{name}.sched"
     if name is not None and path.exists():
+        os.utime(path)  # recently used: the last to be pruned
         return path, True, False
     logs = make()
     own = name is None
@@ -236,4 +237,30 @@ def stored(directory: str, name: str | None, make: Callable[[], list[array]]
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     save(logs, partial)
     partial.replace(path)
+    if not own:
+        prune(path.parent, keep=path)
     return path, False, own
+
+
+CACHE_BYTES = 4 << 30
+"""How much the record cache may hold; ``$COLLTUTOR_CACHE_GB`` overrides it."""
+
+
+def prune(directory: pathlib.Path, keep: pathlib.Path | None = None) -> list[str]:
+    """Remove the least recently used records of ``directory`` (not ``keep``) until
+    it holds at most :data:`CACHE_BYTES`; the names removed."""
+    limit = float(os.environ.get("COLLTUTOR_CACHE_GB", CACHE_BYTES / 2**30)) * 2**30
+    files = []
+    for path in directory.glob("*.sched"):
+        with contextlib.suppress(OSError):  # another process may prune too
+            files.append((path.stat().st_mtime, path.stat().st_size, path))
+    total, removed = sum(size for _, size, _ in files), []
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        if path != keep:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+                total -= size
+    return removed

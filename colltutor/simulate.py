@@ -92,6 +92,9 @@ class Result:
     nccl_pair: tuple[str, str] | None = None
     """NCCL's algorithm and protocol that this run stands for, as a pair; the one
     simulate ran for NCCL's choice, or the counterpart of the algorithm named."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The algorithm's keyword arguments: those given, or NCCL's channels when
+    simulate ran NCCL's choice across nodes (:func:`as_nccl_runs`)."""
 
     @property
     def algbw(self) -> float:
@@ -127,7 +130,8 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     object.  ``algorithm``: a name from ``colltutor.algorithms(collective)``, or
     ``"nvls"`` for NVLink SHARP; by default, on a GPU topology, what NCCL would
     run (:func:`nccl_choice`: the choice of :func:`colltutor.nccl_model.nccl_model`,
-    under its protocol unless the topology's name gives one), elsewhere
+    under its protocol unless the topology's name gives one; across nodes on
+    NCCL's channels, :func:`as_nccl_runs`), elsewhere
     colltutor's own choice (:func:`colltutor.tuning.choose`).  ``"pat"`` on a GPU
     topology needs one GPU per node, as NCCL's PAT does (:func:`check_pat`).
     ``real``: real tensors, whose result is checked (default: when all buffers
@@ -176,6 +180,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
         algorithm, pair = nccl_choice(name, prediction, bool(topology.nvls))
         if algorithm is not None and not named_protocol:
             topology = topologies.with_protocol(topology, pair[1])
+        algorithm, options = as_nccl_runs(algorithm, cluster, options)
     algorithm = algorithm or tuning.choose(name, nbytes, p)
     if algorithm == "pat" and cluster is not None:
         check_pat(cluster, topology.name)
@@ -203,7 +208,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
                  real, trace, options or {}, late or {}, semantics,
                  str(schedule.cache_dir()) if replay else None, backend="gloo",
                  timeout=timeout, stream=replay)[0]  # a long replay's progress, live
-    result.nccl, result.nccl_pair = prediction, pair
+    result.nccl, result.nccl_pair, result.options = prediction, pair, options or {}
     return result
 
 
@@ -230,6 +235,25 @@ def nccl_choice(collective: str, prediction: nccl_model.Prediction,
                                 and collective == "all_reduce"):
                 return name, pair
     return None, None
+
+
+def as_nccl_runs(algorithm: str | None, cluster: nccl_model.Cluster,
+                 options: dict | None) -> tuple[str | None, dict | None]:
+    """NCCL's choice as NCCL runs it across nodes: its ring is rail-matched, one
+    ring a channel (``multi_channel_ring``), and its tree too runs on every channel,
+    on as many channels as NCCL opens: its ring graph's, doubled
+    (``ncclTopoPostset``, ``src/graph/connect.cc``, NCCL 2.30.7).  On one node
+    every channel's ring is the flat ring, which is then run once."""
+    if cluster.nodes == 1 or algorithm not in ("ring", "nccl_tree") or options:
+        return algorithm, options
+    channels = min(MAXCHANNELS, 2 * nccl_model.ring_graph(cluster).channels)
+    return ("multi_channel_ring" if algorithm == "ring" else algorithm,
+            {"channels": channels})
+
+
+MAXCHANNELS = 64
+"""NCCL's most channels a communicator opens (``MAXCHANNELS``,
+``src/include/device.h``, NCCL 2.30.7)."""
 
 
 def check_pat(cluster: nccl_model.Cluster, name: str) -> None:

@@ -244,3 +244,19 @@ def test_a_record_file_reads_back(tmp_path):
         assert not hit and own and schedule.load(path) == logs
     finally:
         shutil.rmtree(path.parent)
+
+
+def test_the_record_cache_drops_the_least_recently_used(tmp_path, monkeypatch):
+    import os
+    from array import array
+
+    log = [array("q", [schedule.POST, 1, 0, 1, 64] * 100)]
+    size = len(schedule.MAGIC) + 8 * (2 + len(log[0]))  # one record's file
+    monkeypatch.setenv("COLLTUTOR_CACHE_GB", str(2.5 * size / 2**30))
+    for age, name in enumerate("abc"):
+        schedule.stored(str(tmp_path), name, lambda: log)
+        os.utime(tmp_path / f"{name}.sched", (1000 + age, 1000 + age))
+    assert sorted(p.name for p in tmp_path.glob("*.sched")) == ["b.sched", "c.sched"]
+    schedule.stored(str(tmp_path), "b", lambda: 1 / 0)  # a hit: now the newest
+    schedule.stored(str(tmp_path), "d", lambda: log)
+    assert sorted(p.name for p in tmp_path.glob("*.sched")) == ["b.sched", "d.sched"]

@@ -195,3 +195,19 @@ def test_a_named_protocol_and_cpu_topologies_keep_theirs():
     star = colltutor.simulate("all_reduce", 16 << 10, "star:4", real=False)
     assert star.algorithm == tuning.choose("all_reduce", 16 << 10, 4)
     assert star.nccl is None and star.nccl_pair is None
+
+
+@needs_simgrid
+def test_across_nodes_the_default_runs_nccls_channels():
+    """NCCL's ring across nodes is rail-matched on its 16 channels (8 from the ring
+    graph, doubled by ncclTopoPostset); its tree runs on as many."""
+    big = colltutor.simulate("all_reduce", 1 << 26, "h100-cluster:2", real=False,
+                             replay=True)
+    assert big.nccl_pair[0] == "ring" and big.algorithm == "multi_channel_ring"
+    assert big.options == {"channels": 16} and big.correct is not False
+    small = colltutor.simulate("all_reduce", 16 << 10, "h100-cluster:2", real=False)
+    assert small.nccl_pair[0] == "tree" and small.algorithm == "nccl_tree"
+    assert small.options == {"channels": 16}
+    named = colltutor.simulate("all_reduce", 1 << 26, "h100-cluster:2", "ring",
+                               real=False, replay=True)
+    assert named.algorithm == "ring" and named.options == {}
