@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from colltutor_site import stylesheet
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util import logging
@@ -171,17 +172,10 @@ ul.colltutor-explorer-messages { font-size: 0.9rem; max-height: 12em;
 """
 
 
-def add_css(app: Any) -> None:
-    out = Path(app.outdir) / "_static" / "colltutor-explorer.css"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(CSS)
-
-
 def setup(app: Any) -> dict[str, Any]:
     app.add_directive("colltutor-explorer", Explorer)
     app.connect("builder-inited", write_assets)
-    app.connect("builder-inited", add_css)
     app.connect("source-read", read_source)
     app.connect("html-page-context", add_scripts)
-    app.add_css_file("colltutor-explorer.css")
+    stylesheet(app, "colltutor-explorer.css", CSS)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -51,6 +51,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from colltutor_site import stylesheet
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util import logging
@@ -227,14 +228,7 @@ svg.colltutor-svg { max-width: 100%; height: auto; display: block;
 """
 
 
-def add_css(app: Any) -> None:
-    out = Path(app.outdir) / "_static" / "colltutor-figures.css"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(CSS)
-
-
 def setup(app: Any) -> dict[str, Any]:
     app.add_directive("colltutor-diagram", Diagram)
-    app.connect("builder-inited", add_css)
-    app.add_css_file("colltutor-figures.css")
+    stylesheet(app, "colltutor-figures.css", CSS)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -185,18 +185,23 @@ def _ancestors(node: Any) -> list[Any]:
     return found
 
 
-def add_css(app: Any) -> None:
-    out = Path(app.outdir) / "_static" / "colltutor-site.css"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(CSS)
+def stylesheet(app: Any, name: str, css: str) -> None:
+    """Every page links ``_static/<name>``, written with ``css`` as the build
+    starts (the extensions' own styles)."""
+    def write(app: Any) -> None:
+        out = Path(app.outdir) / "_static" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(css)
+
+    app.connect("builder-inited", write)
+    app.add_css_file(name)
 
 
 def setup(app: Any) -> dict[str, Any]:
     # Late, after myst-nb has added the widget scripts to pages that have widgets.
     app.connect("html-page-context", fix_scripts, priority=900)
     app.connect("source-read", read_source)
-    app.connect("builder-inited", add_css)
+    stylesheet(app, "colltutor-site.css", CSS)
     app.connect("env-get-updated", number_exercises, priority=900)
     app.connect("doctree-resolved", lead_figure)
-    app.add_css_file("colltutor-site.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

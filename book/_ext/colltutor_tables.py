@@ -20,6 +20,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from colltutor_site import stylesheet
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
@@ -86,14 +87,7 @@ table.colltutor-table td.colltutor-number, table.colltutor-table th.colltutor-nu
 """
 
 
-def add_css(app: Any) -> None:
-    out = Path(app.outdir) / "_static" / "colltutor-tables.css"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(CSS)
-
-
 def setup(app: Any) -> dict[str, Any]:
     app.add_directive("colltutor-table", DataTable)
-    app.connect("builder-inited", add_css)
-    app.add_css_file("colltutor-tables.css")
+    stylesheet(app, "colltutor-tables.css", CSS)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
