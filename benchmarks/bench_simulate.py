@@ -275,7 +275,8 @@ def nodes_fidelity(semantics: str = "fifo", nbytes: int = 1 << 30) -> list[dict]
         pair = r.nccl_pair
         model = r.nccl.busbw(pair) / 1e9 if r.nccl is not None and pair else None
         print(f"  {topology:>22} {collective:>12} {algorithm:>20} {r.busbw:8.1f} "
-              f"{published:6d} {model or 0:8.1f}", flush=True)
+              f"{published:6d} " + (f"{model:8.1f}" if model else f"{'-':>8}"),
+              flush=True)
         out.append({"collective": collective, "algorithm": algorithm,
                     "topology": topology, "p": r.ranks, "bytes": nbytes,
                     "busbw": r.busbw, "published": published, "source": source,
