@@ -45,6 +45,7 @@ import functools
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -105,16 +106,18 @@ class _Stream:
             group.done.set()
 
 
-_streams: dict[int, _Stream] = {}
+_streams: weakref.WeakKeyDictionary[dist.ProcessGroup, _Stream] = (
+    weakref.WeakKeyDictionary())
 _lock = threading.Lock()
 _waits = threading.local()  # the groups this thread's current stream waits for
 
 
 def _stream(group: dist.ProcessGroup) -> _Stream:
     with _lock:
-        if id(group) not in _streams:
-            _streams[id(group)] = _Stream()
-        return _streams[id(group)]
+        stream = _streams.get(group)
+        if stream is None:
+            stream = _streams[group] = _Stream()
+        return stream
 
 
 class Work:
