@@ -34,7 +34,7 @@ def ranks_per_node(p: int, k: int | None = None) -> int:
     is the world size), so a group of the world is one node.
     """
     if k is None and os.environ.get("LOCAL_WORLD_SIZE"):
-        k = int(os.environ["LOCAL_WORLD_SIZE"])
+        k = max(int(os.environ["LOCAL_WORLD_SIZE"]), 1)
     return node_size(p, k)
 
 
