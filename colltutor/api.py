@@ -20,6 +20,7 @@ import contextvars
 import functools
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -134,18 +135,21 @@ class Work:
 
 # One worker thread per process group runs its async collectives in program order,
 # which is the order every rank issues them in, so ranks always agree on what the next
-# collective is.  This is the only state colltutor keeps between calls.
-_workers: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+# collective is.  This is the only state colltutor keeps between calls, held no
+# longer than the group.
+_workers: weakref.WeakKeyDictionary[ProcessGroup,
+                                    concurrent.futures.ThreadPoolExecutor] = (
+    weakref.WeakKeyDictionary())
 
 
 def _worker(group: ProcessGroup) -> concurrent.futures.ThreadPoolExecutor:
-    key = id(group)
-    if key not in _workers:
+    worker = _workers.get(group)
+    if worker is None:
         device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        _workers[key] = concurrent.futures.ThreadPoolExecutor(
+        worker = _workers[group] = concurrent.futures.ThreadPoolExecutor(
             1, "colltutor-async", initializer=_set_device, initargs=(device,)
         )
-    return _workers[key]
+    return worker
 
 
 def _set_device(device: int | None) -> None:
@@ -332,7 +336,7 @@ def in_order(group: ProcessGroup | None) -> None:
 
 def _after_async(group: ProcessGroup | None) -> None:
     """Wait until the group's worker has issued every asynchronous collective."""
-    worker = _workers.get(id(group if group is not None else dist.group.WORLD))
+    worker = _workers.get(group if group is not None else dist.group.WORLD)
     if worker is not None:
         worker.submit(lambda: None).result()
 

@@ -55,35 +55,43 @@ class Counts:
         return asdict(self)
 
 
-def counts(collective: str, algorithm: str, p: int, count: int, itemsize: int = 8
-           ) -> Counts:
+def counts(collective: str, algorithm: str, p: int, count: int, itemsize: int = 8,
+           **params: object) -> Counts:
     """The exact :class:`Counts` of one run (assumptions: see the module doc), as
-    the algorithm's declaration (:mod:`colltutor.registry`) states them."""
+    the algorithm's declaration (:mod:`colltutor.registry`) states them.
+
+    ``params``: the algorithm's own parameters, as it would be called with them
+    (``k=4`` for nodes of 4 ranks, ``channels=4``, ``chunks=8``; :attr:`colltutor.
+    registry.Algorithm.params` names them); the algorithm's defaults otherwise.
+    Nothing is read from the environment: a hierarchical algorithm's nodes are of
+    :data:`~colltutor.collectives.hierarchy.RANKS_PER_NODE` ranks unless ``k``
+    says otherwise, whatever ``LOCAL_WORLD_SIZE`` is."""
     if p == 1:
         return Counts(0, 0, 0, 0, 0)
     itemsize = registry.COLLECTIVES[collective].itemsize or itemsize
     declared = registry.find(collective)[algorithm]
-    rounds, per = declared.counts(p, count, count // p, itemsize)
+    rounds, per = declared.counts(p, count, count // p, itemsize, **params)
     messages = [m for m, _ in per]
     sizes = [size for _, size in per]
     return Counts(rounds, max(messages), sum(messages), max(sizes), sum(sizes))
 
 
-def terms(collective: str, algorithm: str, p: int, nbytes: float
+def terms(collective: str, algorithm: str, p: int, nbytes: float, **params: object
           ) -> tuple[float, float, float]:
     """The alpha, beta and gamma coefficients of one algorithm's time, as its
-    declaration states them."""
+    declaration states them, with its own ``params`` (as in :func:`counts`)."""
     if p == 1:
         return 0.0, 0.0, 0.0
-    return registry.find(collective)[algorithm].cost(p, nbytes)
+    return registry.find(collective)[algorithm].cost(p, nbytes, **params)
 
 
 def predict(collective: str, algorithm: str, p: int, nbytes: float, alpha: float,
-            beta: float, gamma: float = 0.0) -> float:
+            beta: float, gamma: float = 0.0, **params: object) -> float:
     """Predicted seconds of one call: ``a alpha + s beta + r gamma`` (see
     :func:`terms`).  ``nbytes`` is the collective's size as REFERENCE.md defines it
-    (the tensor; the whole gathered or scattered buffer; all a rank sends)."""
-    a, s, r = terms(collective, algorithm, p, nbytes)
+    (the tensor; the whole gathered or scattered buffer; all a rank sends);
+    ``params``: the algorithm's own, as in :func:`counts`."""
+    a, s, r = terms(collective, algorithm, p, nbytes, **params)
     return a * alpha + s * beta + r * gamma
 
 

@@ -38,7 +38,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from colltutor import collectives, guards, ops, p2p, registry, runtime  # noqa: F401
+from colltutor import (  # noqa: F401
+    collectives,
+    guards,
+    native,
+    ops,
+    p2p,
+    registry,
+    runtime,
+)
 from colltutor import trace as tracing
 
 SIGNATURES = {name: c.contract for name, c in registry.COLLECTIVES.items()}
@@ -140,19 +148,6 @@ class CheckFailure(RuntimeError):
 _local = threading.local()
 
 
-def _in_layer() -> bool:
-    return getattr(_local, "depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _layer() -> Iterator[None]:
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
-
-
 NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
           "all_gather_object", "gather", "gather_object", "scatter",
           "scatter_object_list",
@@ -161,16 +156,13 @@ NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_te
           "all_gather_single", "reduce_scatter_single")
 
 
-def _refuse(name: str, where: str) -> Callable:
-    def refused(*args, **kwargs):
-        raise CheckFailure(_MARK + json.dumps({
-            "kind": "native", "call": f"{where}.{name}"}))
-    return refused
+def _refusal(call: str) -> CheckFailure:
+    return CheckFailure(_MARK + json.dumps({"kind": "native", "call": call}))
 
 
-class _Patches:
-    """The patches :func:`_guarded` installs, counted: in a simulation every rank
-    is a thread of one process, so they stay while any rank's code runs, and each
+class _Routes:
+    """The routes :func:`_guarded` lays, counted: in a simulation every rank is a
+    thread of one process, so they stay while any rank's code runs, and each
     thread's calls go to its own rank's ``comm`` (``_local.comm``)."""
 
     lock = threading.Lock()
@@ -180,92 +172,67 @@ class _Patches:
 
 @contextlib.contextmanager
 def _guarded(comm: p2p.Comm) -> Iterator[None]:
-    """While the learner's code runs: refuse built-in collectives, and send
-    torch.distributed's point-to-point calls through ``comm`` so they are traced."""
+    """While the learner's code runs: refuse built-in collectives
+    (:func:`colltutor.native.refused`), and send torch.distributed's
+    point-to-point calls through ``comm`` so they are traced."""
+    import colltutor
+    import colltutor.api as api
+
     outer = getattr(_local, "comm", None)
     _local.comm = comm
-    with _Patches.lock:
-        if _Patches.users == 0:
-            _Patches.saved = _install()
-        _Patches.users += 1
+    with _Routes.lock:
+        if _Routes.users == 0:
+            _Routes.saved = _route()
+        _Routes.users += 1
     try:
-        yield
+        with native.refused(_refusal, NATIVE, [("colltutor", colltutor),
+                                               ("colltutor", api)]):
+            yield
     finally:
-        with _Patches.lock:
-            _Patches.users -= 1
-            if _Patches.users == 0:
-                for obj, name, value in _Patches.saved:
+        with _Routes.lock:
+            _Routes.users -= 1
+            if _Routes.users == 0:
+                for obj, name, value in _Routes.saved:
                     setattr(obj, name, value)
         _local.comm = outer
 
 
-def _install() -> list[tuple[object, str, object]]:
-    """Patch torch.distributed, colltutor and Comm for :func:`_guarded`; return
-    what to restore."""
-    import colltutor
-    import colltutor.api as api
-
+def _route() -> list[tuple[object, str, object]]:
+    """Send torch.distributed's point-to-point calls to this thread's ``comm``
+    (colltutor's transports call none of them); return what to restore."""
     def send(tensor, dst=None, group=None, tag=0, group_dst=None):
         isend(tensor, dst, group, tag, group_dst).wait()
 
     def recv(tensor, src=None, group=None, tag=0, group_src=None):
         if src is None and group_src is None:
-            with _layer():
-                return _local.comm.recv_any(tensor.view(-1))
+            return _local.comm.recv_any(tensor.view(-1))
         irecv(tensor, src, group, tag, group_src).wait()
         return src if src is not None else group_src
 
     def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
-        with _layer():
-            peer = dst if dst is not None else group_dst
-            return _local.comm.post(sends=[(peer, tensor.view(-1))])
+        peer = dst if dst is not None else group_dst
+        return _local.comm.post(sends=[(peer, tensor.view(-1))])
 
     def irecv(tensor, src=None, group=None, tag=0, group_src=None):
-        with _layer():
-            peer = src if src is not None else group_src
-            return _local.comm.post(recvs=[(peer, tensor.view(-1))])
+        peer = src if src is not None else group_src
+        return _local.comm.post(recvs=[(peer, tensor.view(-1))])
 
     def batch(p2p_ops):
-        with _layer():
-            sends = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
-                     if o.op.__name__ == "isend"]
-            recvs = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
-                     if o.op.__name__ == "irecv"]
-            return [_local.comm.post(sends, recvs)]
-
-    ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
-            "batch_isend_irecv": batch}
-    originals = {name: getattr(dist, name) for name in list(ours) + list(NATIVE)}
-
-    def routed(name: str) -> Callable:
-        def call(*args, **kwargs):
-            fn = originals[name] if _in_layer() else ours[name]
-            return fn(*args, **kwargs)
-        call.__name__ = name
-        return call
-
-    post, recv_any = p2p.Comm.post, p2p.Comm.recv_any
-
-    def layer_post(self, *args, **kwargs):
-        with _layer():
-            return post(self, *args, **kwargs)
-
-    def layer_recv_any(self, *args, **kwargs):
-        with _layer():
-            return recv_any(self, *args, **kwargs)
+        sends = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
+                 if o.op.__name__ == "isend"]
+        recvs = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
+                 if o.op.__name__ == "irecv"]
+        return [_local.comm.post(sends, recvs)]
 
     from torch.distributed import distributed_c10d as c10d
 
-    shared = {name: routed(name) for name in ours}  # P2POp compares them by identity
-    patches = [(module, name, shared[name]) for name in ours
-               for module in (dist, c10d)]
-    patches += [(dist, name, _refuse(name, "torch.distributed")) for name in NATIVE]
-    for module in (colltutor, api):
-        patches += [(module, name, _refuse(name, "colltutor"))
-                    for name in NATIVE if hasattr(module, name)]
-    patches += [(p2p.Comm, "post", layer_post), (p2p.Comm, "recv_any", layer_recv_any)]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    for obj, name, value in patches:
+    # one function per name in both modules: P2POp compares them by identity
+    ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
+            "batch_isend_irecv": batch}
+    routes = [(module, name, fn) for name, fn in ours.items()
+              for module in (dist, c10d)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in routes]
+    for obj, name, value in routes:
         setattr(obj, name, value)
     return saved
 

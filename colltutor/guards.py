@@ -32,6 +32,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -688,7 +689,7 @@ class _Batch:
     def post(self) -> None:
         if self.posted is not None:
             return
-        _batches.pop(id(self.comm.group), None)
+        _batches.pop(_key(self.comm.group), None)
         if all(header is None for messages in self.streams.values()
                for _, header in messages):  # checks off: one group, as NCCL's
             self.posted = self.comm.post(*self._round(None, payload=True))
@@ -756,20 +757,33 @@ class _InBatch:
         return self.batch.posted is not None and self.batch.posted.is_completed()
 
 
-_batches: dict[int, _Batch] = {}
+_batches: weakref.WeakKeyDictionary[Any, _Batch] = weakref.WeakKeyDictionary()
+"""Each group's open batch, held no longer than the group."""
+
+
+class _NoGroup:
+    """The key of comms made on a bare transport (their ``group`` is None)."""
+
+
+_NO_GROUP = _NoGroup()
+
+
+def _key(group: Any) -> Any:
+    return _NO_GROUP if group is None else group
 
 
 def _batch(comm: Comm) -> _Batch:
-    key = id(comm.group)
-    if key not in _batches:
-        _batches[key] = _Batch(comm)
-    return _batches[key]
+    key = _key(comm.group)
+    batch = _batches.get(key)
+    if batch is None:
+        batch = _batches[key] = _Batch(comm)
+    return batch
 
 
 def flush(group: Any) -> None:
     """Post the group's open batch of point-to-point messages (before anything else
     the group sends: NCCL pairs messages in the order they were posted)."""
-    batch = _batches.get(id(group))
+    batch = _batches.get(_key(group))
     if batch is not None:
         batch.post()
 

@@ -7,7 +7,9 @@ divided by the group size once (:func:`finish`), as NCCL and gloo do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -53,9 +55,38 @@ def validate(op: object, dtype: torch.dtype) -> None:
         )
 
 
+Combiner = Callable[[object, torch.Tensor, torch.Tensor], None]
+
+_combiner: contextvars.ContextVar[Combiner | None] = contextvars.ContextVar(
+    "colltutor_combiner", default=None)
+
+
 def combine(op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
-    """``acc = acc (op) incoming``, in place."""
+    """``acc = acc (op) incoming``, in place; inside :func:`combining`, what the
+    rank's transport does with a reduction instead."""
+    combiner = _combiner.get()
+    if combiner is None:
+        _COMBINE[op](acc, incoming)
+    else:
+        combiner(op, acc, incoming)
+
+
+def compute(op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
+    """:func:`combine`'s arithmetic alone, for a combiner that also computes."""
     _COMBINE[op](acc, incoming)
+
+
+@contextlib.contextmanager
+def combining(combiner: Combiner | None) -> Iterator[None]:
+    """Let ``combiner(op, acc, incoming)`` do every :func:`combine` of this context
+    (a rank's thread): a simulated host's transport charges the reduction's time,
+    a recording transport writes its bytes down instead of computing.  ``None``:
+    plain arithmetic."""
+    token = _combiner.set(combiner)
+    try:
+        yield
+    finally:
+        _combiner.reset(token)
 
 
 def finish(op: object, result: torch.Tensor, size: int) -> None:

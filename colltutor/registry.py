@@ -14,6 +14,7 @@ appendix "Adding an algorithm" lists the steps).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,14 +23,16 @@ import torch
 PerRank = tuple[int, list[tuple[int, int]]]
 """``(rounds, [(messages, bytes) sent by rank r for r in range(p)])``."""
 
-Counts = Callable[[int, int, int, int], PerRank]
-"""``counts(p, n, b, s)``: ``n`` elements in the algorithm's buffer, ``b = n // p``
-elements in a block, ``s`` bytes an element; returns :data:`PerRank`."""
+Counts = Callable[..., PerRank]
+"""``counts(p, n, b, s, **params)``: ``n`` elements in the algorithm's buffer, ``b =
+n // p`` elements in a block, ``s`` bytes an element, and the algorithm's own
+parameters (``k``, ``channels``, ``chunks``, ...) by keyword, each with the
+algorithm's default; returns :data:`PerRank`."""
 
-Terms = Callable[[int, float], tuple[float, float, float]]
-"""``cost(p, n)``: ``(latencies, bytes sent, bytes reduced)`` on the critical path
-for a collective of ``n`` bytes (REFERENCE.md's sizes), so that time is
-``a alpha + s beta + r gamma``."""
+Terms = Callable[..., tuple[float, float, float]]
+"""``cost(p, n, **params)``: ``(latencies, bytes sent, bytes reduced)`` on the
+critical path for a collective of ``n`` bytes (REFERENCE.md's sizes), so that time
+is ``a alpha + s beta + r gamma``; the same parameters as its counts."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,18 @@ class Algorithm:
     shape: str
     """Its message pattern in words, for the grader's structure reports."""
 
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The parameters its counts and cost take besides the sizes: its own
+        (``k``, ``channels``, ``chunks``, ...), and ``k``, the ranks of a node,
+        where its shape depends on the nodes."""
+        return _params(self.cost, 2)
+
+
+def _params(fn: Callable, sizes: int) -> tuple[str, ...]:
+    """The keyword parameters of ``fn`` after its first ``sizes`` ones."""
+    return tuple(inspect.signature(fn).parameters)[sizes:]
+
 
 COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("broadcast", "fn(comm, buf, root): root's buf ends in every rank's buf",
@@ -121,6 +136,11 @@ def algorithm(collective: str, *, counts: Counts, cost: Terms, shape: str,
     The function is registered under its own name and wrapped so that its steps
     are labelled with ``module.name`` in traces and hang reports.
     """
+    if _params(counts, 4) != _params(cost, 2):
+        raise TypeError(f"{collective}: the counts and cost of an algorithm take the "
+                        f"same parameters, not {_params(counts, 4)} and "
+                        f"{_params(cost, 2)}")
+
     def declare(fn: Callable) -> Callable:
         label = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
 

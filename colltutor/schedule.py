@@ -19,14 +19,13 @@ skips the recording.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pathlib
 import tempfile
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from colltutor import ops
@@ -78,21 +77,11 @@ class RecordingTransport:
     def recv_any(self, tensor: Any) -> int:
         raise Polls("the algorithm receives from any source")
 
+    def combine(self, op: object, acc: Any, incoming: Any) -> None:
+        """A reduction, written down instead of computed (the tensors are meta
+        tensors); :func:`record` has it do every :func:`colltutor.ops.combine`."""
+        self.log.extend((REDUCE, acc.numel() * acc.element_size()))
 
-@contextlib.contextmanager
-def _reductions(into: list[array]) -> Iterator[None]:
-    """Every :func:`colltutor.ops.combine` written into ``into[0]`` instead of
-    computed (the tensors are meta tensors)."""
-    combine = ops.combine
-
-    def record(op: object, acc: Any, incoming: Any) -> None:
-        into[0].extend((REDUCE, acc.numel() * acc.element_size()))
-
-    ops.combine = record
-    try:
-        yield
-    finally:
-        ops.combine = combine
 
 
 def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]:
@@ -102,17 +91,15 @@ def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]
     from colltutor import p2p, runtime
 
     logs: list[array] = []
-    current: list[array] = [array("q")]
     shown = 0.0
-    with _reductions(current):
-        for rank in range(size):
-            transport = RecordingTransport(rank, size, device)
-            current[0] = transport.log
+    for rank in range(size):
+        transport = RecordingTransport(rank, size, device)
+        with ops.combining(transport.combine):
             program(p2p.Comm(transport=transport))
-            logs.append(transport.log)
-            if time.perf_counter() - shown > 0.5 or rank == size - 1:
-                shown = time.perf_counter()
-                runtime.progress("recording the messages", rank + 1, size, "ranks")
+        logs.append(transport.log)
+        if time.perf_counter() - shown > 0.5 or rank == size - 1:
+            shown = time.perf_counter()
+            runtime.progress("recording the messages", rank + 1, size, "ranks")
     return logs
 
 

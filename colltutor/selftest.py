@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import guards, ops, registry, runtime
+from colltutor import guards, native, ops, registry, runtime
 from colltutor.transports import nccl_rules
 
 R = dist.ReduceOp
@@ -214,22 +214,13 @@ def _wait(work) -> None:
         work.wait()
 
 
-@contextlib.contextmanager
-def native_collectives_forbidden() -> Iterator[None]:
+def native_collectives_forbidden() -> contextlib.AbstractContextManager:
     """Make every torch.distributed collective raise while colltutor runs."""
-    modules = (dist, dist.distributed_c10d)
-    saved = [(m, name, getattr(m, name)) for m in modules for name in NATIVE]
+    return native.refused(_forbidden, NATIVE)
 
-    def forbidden(*args, **kwargs):
-        raise AssertionError("colltutor called a native torch.distributed collective")
 
-    for module, name, _ in saved:
-        setattr(module, name, forbidden)
-    try:
-        yield
-    finally:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
+def _forbidden(call: str) -> AssertionError:
+    return AssertionError("colltutor called a native torch.distributed collective")
 
 
 def _close(ours: torch.Tensor, want: torch.Tensor, spread: bool, p: int) -> bool:

@@ -366,3 +366,55 @@ def test_block_sizes_used_by_the_counts() -> None:
     # the counts cut blocks as the algorithms do
     assert [b.numel() for b in blocks(torch.zeros(10), 4)] == block_sizes(10, 4)
     assert p2p.block_sizes(3, 5) == [1, 1, 1, 0, 0]
+
+
+OWN_PARAMETERS = [
+    ("all_reduce", "hierarchical", {"k": 2}, {}),
+    ("all_gather", "hierarchical", {"k": 4}, {}),
+    ("reduce_scatter", "hierarchical", {"k": 2}, {}),
+    ("all_reduce", "double_binary_tree", {"chunks": 3}, {}),
+    ("all_reduce", "nccl_tree", {"channels": 4, "k": 2}, {}),
+    ("reduce_scatter", "pat", {"buffer_bytes": 64}, {}),
+    # reads its nodes from LOCAL_WORLD_SIZE when it runs; the counts are told
+    ("all_reduce", "multi_channel_ring", {"channels": 4}, {"k": 3}),
+    ("all_gather", "pat", {"buffer_bytes": 64}, {}),
+]
+
+
+@pytest.mark.parametrize("p", [6, 12])
+@pytest.mark.parametrize("collective, name, params, node", OWN_PARAMETERS)
+def test_counts_take_the_algorithms_own_parameters(
+        p: int, collective: str, name: str, params: dict, node: dict,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called with parameters of its own, an algorithm sends what its declared
+    counts say with the same parameters; the cost model reads no environment."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    n = 8 * p
+    t = traced(p, collective, name, n, **params)
+    got = [(len(t.sent(r)), sum(m.nbytes for m in t.sent(r))) for r in range(p)]
+    declared = registry.find(collective)[name].counts(p, n, n // p, 8, **params,
+                                                      **node)
+    assert (t.rounds, got) == (declared[0], list(declared[1]))
+    assert cost.counts(collective, name, p, n, **params, **node).rounds == t.rounds
+    assert set(params) | set(node) <= set(registry.find(collective)[name].params)
+
+
+def test_the_cost_model_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes of 8 ranks unless ``k`` says otherwise, whatever LOCAL_WORLD_SIZE is."""
+    for local_size in (None, "4"):
+        if local_size is None:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", local_size)
+        assert cost.counts("all_reduce", "hierarchical", 16, 160).rounds == 16
+        assert cost.counts("all_reduce", "hierarchical", 16, 160, k=4).rounds == 12
+        assert cost.terms("all_reduce", "hierarchical", 16, 1e6)[0] == 16
+        assert cost.terms("all_reduce", "nccl_tree", 16, 1e6, k=2) != cost.terms(
+            "all_reduce", "nccl_tree", 16, 1e6)
+
+
+def test_counts_and_cost_declare_the_same_parameters() -> None:
+    with pytest.raises(TypeError, match="same parameters"):
+        registry.algorithm("all_reduce", shape="",
+                           counts=lambda p, n, b, s, k=None: (0, []),
+                           cost=lambda p, n: (0, 0, 0))

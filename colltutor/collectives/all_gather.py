@@ -124,8 +124,8 @@ def bruck(comm: Comm, buf: torch.Tensor) -> None:
 @algorithm("all_gather", chapter=11,
            shape="ring all-gather on the rails, then one ring per node's span in the "
                  "node, all at once",
-           counts=lambda p, n, b, s: hierarchy.all_gather_counts(p, n, s),
-           cost=lambda p, n: hierarchy.terms(p, n, reducing=False, phases=1))
+           counts=lambda p, n, b, s, k=None: hierarchy.all_gather_counts(p, n, s, k),
+           cost=lambda p, n, k=None: hierarchy.terms(p, n, False, phases=1, k=k))
 def hierarchical(comm: Comm, buf: torch.Tensor, k: int | None = None) -> None:
     """Two-level all-gather for nodes of ``k`` ranks
     (:func:`~colltutor.collectives.hierarchy.ranks_per_node`): along the rails,
@@ -150,8 +150,10 @@ def hierarchical(comm: Comm, buf: torch.Tensor, k: int | None = None) -> None:
 
 @algorithm("all_gather", chapter=11,
            shape="ceil(lg p) aggregated transfers, distances halving (near ranks last)",
-           counts=lambda p, n, b, s: pat_steps.counts(p, n, s, gather=True),
-           cost=lambda p, n: pat_steps.terms(p, n, reducing=False))
+           counts=lambda p, n, b, s, buffer_bytes=pat_steps.BUFFER_BYTES:
+               pat_steps.counts(p, n, s, True, buffer_bytes),
+           cost=lambda p, n, buffer_bytes=pat_steps.BUFFER_BYTES:
+               pat_steps.terms(p, n, False, buffer_bytes))
 def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTES
         ) -> None:
     """PAT (Jeaugey 2025; NCCL 2.23): Bruck's all-gather with its dimensions
@@ -189,8 +191,9 @@ def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTE
 
 @algorithm("all_gather", chapter=11,
            shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: rails.counts(p, n, s, 2, gather=True),
-           cost=lambda p, n: (p - 1, frac(p) * n, 0.0))
+           counts=lambda p, n, b, s, channels=2, k=None: rails.counts(
+               p, n, s, channels, gather=True, k=k),
+           cost=lambda p, n, channels=2, k=None: (p - 1, frac(p) * n, 0.0))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
     block, each step posting the messages of every ring together

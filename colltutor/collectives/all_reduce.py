@@ -221,8 +221,8 @@ def rabenseifner(comm: Comm, buf: torch.Tensor, op: object) -> None:
 @algorithm("all_reduce", chapter=11,
            shape="two binary trees, each reducing then broadcasting half of the buffer "
                  "in k chunks",
-           counts=lambda p, n, b, s: double_tree.counts(p, n, s),
-           cost=double_tree.terms)
+           counts=lambda p, n, b, s, chunks=None: double_tree.counts(p, n, s, chunks),
+           cost=lambda p, n, chunks=None: double_tree.terms(p, n, chunks))
 def double_binary_tree(comm: Comm, buf: torch.Tensor, op: object,
                        chunks: int | None = None) -> None:
     """NCCL's tree all-reduce: half the buffer on each of two complementary binary
@@ -251,9 +251,11 @@ def double_binary_tree(comm: Comm, buf: torch.Tensor, op: object,
 @algorithm("all_reduce", chapter=11,
            shape="a chain in each node and two binary trees across the nodes, each "
                  "tree reducing then broadcasting its channel's part in chunks",
-           counts=lambda p, n, b, s: nccl_trees.counts(p, n, s),
-           cost=nccl_trees.terms)
-def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2) -> None:
+           counts=lambda p, n, b, s, channels=2, k=None: nccl_trees.counts(
+               p, n, s, channels, k),
+           cost=lambda p, n, channels=2, k=None: nccl_trees.terms(p, n, channels, k))
+def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2,
+              k: int | None = None) -> None:
     """NCCL's tree all-reduce (:mod:`~colltutor.collectives.nccl_trees`): a chain
     through each node's GPUs, NCCL's double binary tree across the nodes, tree 1
     on half of the ``channels`` and tree 2 on the other half, each channel with its
@@ -267,7 +269,7 @@ def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2) -> N
     c - 1`` for ``c`` chunks a channel.  Cost: ``(2 h + c - 1)(alpha + (2n/c)
     beta + (n/c) gamma)``.  NCCL 2.30.7.  Chapter 11, What NCCL Runs.
     """
-    p, k = comm.size, hierarchy.ranks_per_node(comm.size)
+    p, k = comm.size, hierarchy.ranks_per_node(comm.size, k)
     parts = blocks(buf, 2 * max(1, channels // 2))
     trees = [(node, blocks(part, nccl_trees.chunks(part.numel(), buf.element_size())))
              for node, part in zip(nccl_trees.nodes(comm.rank, p, k, channels), parts)]
@@ -313,8 +315,8 @@ def _due(chunks: list[torch.Tensor], j: int) -> list[torch.Tensor]:
 @algorithm("all_reduce", chapter=11,
            shape="ring reduce-scatter in the node, ring all-reduce on the rails, "
                  "ring all-gather in the node",
-           counts=lambda p, n, b, s: hierarchy.all_reduce_counts(p, n, s),
-           cost=lambda p, n: hierarchy.terms(p, n, reducing=True, phases=2))
+           counts=lambda p, n, b, s, k=None: hierarchy.all_reduce_counts(p, n, s, k),
+           cost=lambda p, n, k=None: hierarchy.terms(p, n, True, phases=2, k=k))
 def hierarchical(comm: Comm, buf: torch.Tensor, op: object, k: int | None = None
                  ) -> None:
     """Two-level all-reduce for nodes of ``k`` ranks
@@ -346,9 +348,11 @@ def hierarchical(comm: Comm, buf: torch.Tensor, op: object, k: int | None = None
 
 @algorithm("all_reduce", chapter=11,
            shape="c rings at once, 2(p-1) steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: then(rails.counts(p, n, s, 2, gather=False),
-                                          rails.counts(p, n, s, 2, gather=True)),
-           cost=lambda p, n: (2 * (p - 1), 2 * frac(p) * n, frac(p) * n))
+           counts=lambda p, n, b, s, channels=2, k=None: then(
+               rails.counts(p, n, s, channels, gather=False, k=k),
+               rails.counts(p, n, s, channels, gather=True, k=k)),
+           cost=lambda p, n, channels=2, k=None: (2 * (p - 1), 2 * frac(p) * n,
+                                                  frac(p) * n))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2
                        ) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, each with its share of the buffer

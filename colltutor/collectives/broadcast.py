@@ -39,16 +39,18 @@ def default_segments(nbytes: int, p: int) -> int:
     return max(1, round(math.sqrt(max(p - 2, 0) * nbytes / BREAK_EVEN_BYTES)))
 
 
-def _chain(p: int, n: int, s: int) -> PerRank:
+def _chain(p: int, n: int, b: int, s: int, segments: int | None = None) -> PerRank:
     """The pipelined chain's counts: each rank but the last forwards k segments;
     the p-1 hops and the k segments behind the first overlap: p + k - 2 rounds."""
-    k = max(1, min(default_segments(n * s, p), n))
+    k = max(1, min(segments or default_segments(n * s, p), n))
     return p + k - 2, [(k, n * s)] * (p - 1) + [(0, 0)]
 
 
-def _chain_terms(p: int, n: float) -> tuple[float, float, float]:
-    """The pipelined chain's terms with the segment count it picks itself."""
-    k = default_segments(int(n), p)
+def _chain_terms(p: int, n: float, segments: int | None = None
+                 ) -> tuple[float, float, float]:
+    """The pipelined chain's terms with ``segments`` segments (by default the
+    count it picks itself)."""
+    k = segments or default_segments(int(n), p)
     return p + k - 2, (p + k - 2) * n / k, 0.0
 
 
@@ -96,8 +98,7 @@ def binomial_tree(comm: Comm, buf: torch.Tensor, root: int) -> None:
 
 
 @algorithm("broadcast", shape="k segments passed down a chain of p ranks",
-           counts=lambda p, n, b, s: _chain(p, n, s),
-           cost=lambda p, n: _chain_terms(p, n))
+           counts=_chain, cost=_chain_terms)
 def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
                    segments: int | None = None) -> None:
     """Broadcast along the chain root -> root+1 -> ... -> root-1, in segments.

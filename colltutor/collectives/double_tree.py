@@ -109,12 +109,13 @@ def chunks(n: int, itemsize: int, p: int) -> int:
     return max(1, min(round(best), n // 2))
 
 
-def counts(p: int, n: int, s: int) -> PerRank:
+def counts(p: int, n: int, s: int, k: int | None = None) -> PerRank:
     """A rank sends each chunk of a half to its parent and to each child in that
     half's tree: ``k`` messages a link; the last chunk leaves the root ``lg p' + k - 1``
     ticks after the first chunk left the deepest leaves, and takes ``lg p'`` more to
-    reach the deepest leaves again: ``2 lg p' + k - 1`` rounds."""
-    k, halves = chunks(n, s, p), block_sizes(n, 2)
+    reach the deepest leaves again: ``2 lg p' + k - 1`` rounds (``k``: the
+    algorithm's ``chunks``, :func:`chunks` unless given)."""
+    k, halves = k or chunks(n, s, p), block_sizes(n, 2)
 
     def rank(r: int) -> tuple[int, int]:
         links = [len(node.up) + len(node.down) for node in nodes(r, p)]
@@ -124,9 +125,9 @@ def counts(p: int, n: int, s: int) -> PerRank:
     return 2 * height(p) + k - 1, [rank(r) for r in range(p)]
 
 
-def terms(p: int, n: float) -> tuple[float, float, float]:
+def terms(p: int, n: float, k: int | None = None) -> tuple[float, float, float]:
     """``2 lg p' + k - 1`` ticks; in each, the busiest rank (interior in one tree,
     a leaf in the other) sends four chunks of ``n/2k`` and reduces two."""
-    k = chunks(int(n), 1, p)
+    k = k or chunks(int(n), 1, p)
     ticks = 2 * height(p) + k - 1
     return ticks, ticks * 2 * n / k, ticks * n / k

@@ -25,19 +25,27 @@ node."""
 
 
 def ranks_per_node(p: int, k: int | None = None) -> int:
-    """``k``, the ranks of a node: the largest divisor of ``p`` that is at most the
-    wanted number, which is ``k`` if given, else ``LOCAL_WORLD_SIZE`` (torchrun sets
-    it) if set, else :data:`RANKS_PER_NODE`.
+    """``k``, the ranks of a node, as a running algorithm sees it: :func:`node_size`
+    of ``k`` if given, else of ``LOCAL_WORLD_SIZE`` (torchrun sets it) if set.
 
     Every rank must compute the same ``k``: pass the same ``k`` on every rank, or
     give every rank the same ``LOCAL_WORLD_SIZE`` (torchrun does, for nodes of equal
     size).  Under ``colltutor.run`` every rank is on one node (``LOCAL_WORLD_SIZE``
     is the world size), so a group of the world is one node.
     """
+    if k is None and os.environ.get("LOCAL_WORLD_SIZE"):
+        k = max(int(os.environ["LOCAL_WORLD_SIZE"]), 1)
+    return node_size(p, k)
+
+
+def node_size(p: int, k: int | None = None) -> int:
+    """The ranks of a node of ``p`` ranks: the largest divisor of ``p`` that is at
+    most ``k`` (:data:`RANKS_PER_NODE` unless given).  What the counts and cost
+    terms use: they read nothing from the environment."""
     if k is not None and k < 1:
         raise ValueError(f"a node holds at least one rank, not {k}")
-    want = k or int(os.environ.get("LOCAL_WORLD_SIZE") or RANKS_PER_NODE)
-    return max(d for d in range(1, min(max(want, 1), p) + 1) if p % d == 0)
+    want = k or RANKS_PER_NODE
+    return max(d for d in range(1, min(want, p) + 1) if p % d == 0)
 
 
 def parts(comm: Comm, k: int) -> tuple[Comm, Comm]:
@@ -71,8 +79,8 @@ def spans(comm: Comm, k: int) -> tuple[list[Comm], Comm]:
 
 # -- what they send: counts and cost terms -------------------------------------------
 
-def _sizes(p: int, n: int, s: int) -> tuple[int, int, list[int]]:
-    k = ranks_per_node(p)
+def _sizes(p: int, n: int, s: int, k: int | None) -> tuple[int, int, list[int]]:
+    k = node_size(p, k)
     return k, p // k, [size * s for size in block_sizes(n, p)]
 
 
@@ -80,10 +88,10 @@ def _add(*sent: tuple[int, int]) -> tuple[int, int]:
     return sum(m for m, _ in sent), sum(size for _, size in sent)
 
 
-def all_reduce_counts(p: int, n: int, s: int) -> PerRank:
+def all_reduce_counts(p: int, n: int, s: int, k: int | None = None) -> PerRank:
     """Ring reduce-scatter of the k parts in the node, ring all-reduce of my part's
     m blocks on the rail, ring all-gather of the parts in the node."""
-    k, m, sizes = _sizes(p, n, s)
+    k, m, sizes = _sizes(p, n, s, k)
     part = [sum(sizes[i * m:i * m + m]) for i in range(k)]
 
     def rank(r: int) -> tuple[int, int]:
@@ -95,10 +103,10 @@ def all_reduce_counts(p: int, n: int, s: int) -> PerRank:
     return 2 * (k - 1) + 2 * (m - 1), [rank(r) for r in range(p)]
 
 
-def all_gather_counts(p: int, n: int, s: int) -> PerRank:
+def all_gather_counts(p: int, n: int, s: int, k: int | None = None) -> PerRank:
     """Ring all-gather of my local rank's blocks on the rail, then m rings at once
     in the node, one per span."""
-    k, m, sizes = _sizes(p, n, s)
+    k, m, sizes = _sizes(p, n, s, k)
 
     def rank(r: int) -> tuple[int, int]:
         g, local = divmod(r, k)
@@ -109,10 +117,10 @@ def all_gather_counts(p: int, n: int, s: int) -> PerRank:
     return (m - 1) + (k - 1), [rank(r) for r in range(p)]
 
 
-def reduce_scatter_counts(p: int, n: int, s: int) -> PerRank:
+def reduce_scatter_counts(p: int, n: int, s: int, k: int | None = None) -> PerRank:
     """m ring reduce-scatters at once in the node, one per span, then a ring
     reduce-scatter of my local rank's blocks on the rail."""
-    k, m, sizes = _sizes(p, n, s)
+    k, m, sizes = _sizes(p, n, s, k)
 
     def rank(r: int) -> tuple[int, int]:
         g, local = divmod(r, k)
@@ -123,11 +131,11 @@ def reduce_scatter_counts(p: int, n: int, s: int) -> PerRank:
     return (k - 1) + (m - 1), [rank(r) for r in range(p)]
 
 
-def terms(p: int, n: float, reducing: bool, phases: int
+def terms(p: int, n: float, reducing: bool, phases: int, k: int | None = None
           ) -> tuple[float, float, float]:
     """``phases`` passes of ``k - 1`` steps in the node and ``m - 1`` on the rail
     (2 for an all-reduce, 1 otherwise): the bytes of the flat ring, with
     ``phases (k + m - 2)`` latencies instead of ``phases (p - 1)``."""
-    k = ranks_per_node(p)
+    k = node_size(p, k)
     return (phases * (k + p // k - 2), phases * frac(p) * n,
             frac(p) * n if reducing else 0.0)

@@ -123,12 +123,14 @@ def chunks(numel: int, itemsize: int) -> int:
     return max(1, min(-(-numel * itemsize // CHUNK_BYTES), numel))
 
 
-def counts(p: int, n: int, s: int, channels: int = 2) -> PerRank:
+def counts(p: int, n: int, s: int, channels: int = 2, k: int | None = None
+           ) -> PerRank:
     """A rank sends each chunk of a channel's part to its parent and to each
     child in that channel's tree; channel ``c``'s last chunk reaches its deepest
     rank ``2 h_c + k_c - 1`` rounds after the first left (height ``h_c``,
-    ``k_c`` chunks)."""
-    k, parts = hierarchy.ranks_per_node(p), block_sizes(n, 2 * max(1, channels // 2))
+    ``k_c`` chunks); nodes of ``k`` ranks (:func:`~colltutor.collectives.hierarchy.
+    node_size`)."""
+    k, parts = hierarchy.node_size(p, k), block_sizes(n, 2 * max(1, channels // 2))
     trees = [nodes(r, p, k, channels) for r in range(p)]
     rounds = max([2 * h + chunks(part, s) - 1 for h, part in
                   zip(heights(p, k, channels), parts) if part and p > 1], default=0)
@@ -141,11 +143,14 @@ def counts(p: int, n: int, s: int, channels: int = 2) -> PerRank:
     return rounds, [rank(r) for r in range(p)]
 
 
-def terms(p: int, n: float) -> tuple[float, float, float]:
-    """``2 h + k - 1`` ticks (``h``: the trees' height, ``k``: chunks of ``n/2``);
-    in each, a rank of both chains sends a chunk of ``n/2k`` up and one down in
-    each tree (one of the two while ``k = 1``) and reduces two."""
-    k = chunks(int(n) // 2, 1)
-    height = max(heights(p, hierarchy.ranks_per_node(p)))
-    ticks = 2 * height + k - 1
-    return ticks, ticks * min(k, 2) * n / k, ticks * n / k
+def terms(p: int, n: float, channels: int = 2, k: int | None = None
+          ) -> tuple[float, float, float]:
+    """``2 h + c - 1`` ticks (``h``: the trees' height on nodes of ``k`` ranks,
+    ``c``: chunks of a tree's ``n/t``, ``t`` trees); in each, a rank of both
+    chains sends a chunk of ``n/tc`` up and one down in each tree (one of the two
+    while ``c = 1``) and reduces two."""
+    trees = 2 * max(1, channels // 2)
+    height = max(heights(p, hierarchy.node_size(p, k), channels))
+    c = chunks(int(n) // trees, 1)
+    ticks = 2 * height + c - 1
+    return ticks, ticks * min(c, 2) * n / c, ticks * n / c

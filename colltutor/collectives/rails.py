@@ -50,11 +50,13 @@ def rings(comm: Comm, channels: int) -> list[Comm]:
             for c in range(channels)]
 
 
-def counts(p: int, n: int, s: int, channels: int, gather: bool) -> PerRank:
+def counts(p: int, n: int, s: int, channels: int, gather: bool, k: int | None = None
+           ) -> PerRank:
     """``channels`` rail-matched rings at once (one exchange a step): ``p - 1``
     rounds; in ring ``c`` a rank sends what :func:`~colltutor.formulas.ring_sent`
-    says at its place in that ring."""
-    k = hierarchy.ranks_per_node(p)
+    says at its place in that ring (nodes of ``k`` ranks,
+    :func:`~colltutor.collectives.hierarchy.node_size`)."""
+    k = hierarchy.node_size(p, k)
     pieces = [block_sizes(size, channels) for size in block_sizes(n, p)]
 
     def rank(r: int) -> tuple[int, int]:

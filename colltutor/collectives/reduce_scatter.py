@@ -129,8 +129,9 @@ def _finish(op: object, result: torch.Tensor, mine: torch.Tensor, p: int) -> Non
 @algorithm("reduce_scatter", chapter=11,
            shape="one ring per node's span in the node, all at once, then a ring "
                  "reduce-scatter on the rails",
-           counts=lambda p, n, b, s: hierarchy.reduce_scatter_counts(p, n, s),
-           cost=lambda p, n: hierarchy.terms(p, n, reducing=True, phases=1))
+           counts=lambda p, n, b, s, k=None: hierarchy.reduce_scatter_counts(
+               p, n, s, k),
+           cost=lambda p, n, k=None: hierarchy.terms(p, n, True, phases=1, k=k))
 def hierarchical(comm: Comm, buf: torch.Tensor, op: object,
                  work: torch.Tensor | None = None, k: int | None = None) -> None:
     """Two-level reduce-scatter for nodes of ``k`` ranks
@@ -161,8 +162,10 @@ def hierarchical(comm: Comm, buf: torch.Tensor, op: object,
 @algorithm("reduce_scatter", chapter=11,
            shape="ceil(lg p) aggregated transfers, distances doubling (near ranks "
                  "first)",
-           counts=lambda p, n, b, s: pat_steps.counts(p, n, s, gather=False),
-           cost=lambda p, n: pat_steps.terms(p, n, reducing=True))
+           counts=lambda p, n, b, s, buffer_bytes=pat_steps.BUFFER_BYTES:
+               pat_steps.counts(p, n, s, False, buffer_bytes),
+           cost=lambda p, n, buffer_bytes=pat_steps.BUFFER_BYTES:
+               pat_steps.terms(p, n, True, buffer_bytes))
 def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = None,
         buffer_bytes: int = pat_steps.BUFFER_BYTES) -> None:
     """PAT's reduce-scatter (Jeaugey 2025; NCCL 2.23): its all-gather
@@ -202,8 +205,9 @@ def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = N
 
 @algorithm("reduce_scatter", chapter=11,
            shape="c rings at once, p-1 steps of c messages of n/(cp) elements",
-           counts=lambda p, n, b, s: rails.counts(p, n, s, 2, gather=False),
-           cost=lambda p, n: (p - 1, frac(p) * n, frac(p) * n))
+           counts=lambda p, n, b, s, channels=2, k=None: rails.counts(
+               p, n, s, channels, gather=False, k=k),
+           cost=lambda p, n, channels=2, k=None: (p - 1, frac(p) * n, frac(p) * n))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
                        work: torch.Tensor | None = None, channels: int = 2) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every

@@ -45,6 +45,7 @@ import functools
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +54,7 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from colltutor.transports import Message
-from colltutor.transports.torch_dist import TorchTransport
+from colltutor.transports.torch_dist import TorchTransport, _wire
 
 ENV = "COLLTUTOR_EMULATE"
 _BITWISE = {dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR}
@@ -105,16 +106,18 @@ class _Stream:
             group.done.set()
 
 
-_streams: dict[int, _Stream] = {}
+_streams: weakref.WeakKeyDictionary[dist.ProcessGroup, _Stream] = (
+    weakref.WeakKeyDictionary())
 _lock = threading.Lock()
 _waits = threading.local()  # the groups this thread's current stream waits for
 
 
 def _stream(group: dist.ProcessGroup) -> _Stream:
     with _lock:
-        if id(group) not in _streams:
-            _streams[id(group)] = _Stream()
-        return _streams[id(group)]
+        stream = _streams.get(group)
+        if stream is None:
+            stream = _streams[group] = _Stream()
+        return stream
 
 
 class Work:
@@ -379,15 +382,23 @@ def _queue(group: dist.ProcessGroup, run: Callable[[], None],
 
 
 class NcclRulesTransport(TorchTransport):
-    """colltutor's messages on a gloo group, under NCCL's rules: the NCCL path of
-    :class:`TorchTransport` (each step one ``batch_isend_irecv``), whose calls
-    :func:`install` has put under the rules."""
+    """colltutor's messages on a gloo group, under NCCL's rules: each step one
+    group of messages, as the NCCL path of :class:`TorchTransport` posts it with
+    ``batch_isend_irecv``, here handed to the rules directly (what that call
+    becomes once :func:`install` has put it under them)."""
 
     def __init__(self, group: dist.ProcessGroup, rank: int, names: list[int],
                  backend: str, tag: int = 0) -> None:
         super().__init__(group, rank, names, backend, tag)
         self.batched = True
         self.checks_devices = False  # tensors say cpu:r here; guards check them
+
+    def post(self, sends: list[Message], recvs: list[Message]) -> list[Work]:
+        if not (sends or recvs):
+            return []
+        work = Work(_post(self.group, [(peer, _wire(t)) for peer, t in sends],
+                          [(peer, _wire(t)) for peer, t in recvs]))
+        return [work] * (len(sends) + len(recvs))  # one per message, as _batch's
 
     def recv_any(self, tensor: torch.Tensor) -> int:
         raise RuntimeError("NCCL cannot receive from an unspecified source")

@@ -9,7 +9,8 @@ crossing it at the same time.  Here each rank is an actor running the same algor
 functions as on gloo; a message is a SimGrid communication of the tensor's size
 between two mailboxes, one mailbox per (sender, receiver) so that messages match in
 posting order, as NCCL's do.  A reduction costs ``gamma`` seconds per byte of the
-rank's host (:func:`run` charges every :func:`colltutor.ops.combine`).
+rank's host (:meth:`SimTransport.combine`, which does every
+:func:`colltutor.ops.combine` of a rank).
 
 Tensors may be ``meta`` tensors (shapes, no memory): nothing is copied and every
 reduction is free for torch, so a thousand ranks fit in memory.  With real tensors
@@ -328,6 +329,13 @@ class SimTransport:
         self.world, self.rank, self.size = world, rank, world.size
         self.names, self.device = list(range(world.size)), device
 
+    def combine(self, op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
+        """A reduction, computed and owed at the host's speed (``1 / gamma`` bytes a
+        second); :func:`run` has it do every :func:`colltutor.ops.combine` of the
+        rank."""
+        ops.compute(op, acc, incoming)
+        self.world.owe(acc.numel() * acc.element_size())
+
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
         world = self.world
         world.busy(len(sends))  # the senders' share of the messages' CPU time
@@ -504,15 +512,17 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
 
     def actor(rank: int) -> None:
         try:
+            transport = SimTransport(world, rank, device)
             with contextlib.ExitStack() as stack:
                 if observer is not None:
                     stack.enter_context(p2p.observe(observer(rank)))
-                comm = comms[rank] = p2p.Comm(transport=SimTransport(world, rank,
-                                                                     device))
+                comm = comms[rank] = p2p.Comm(transport=transport)
             if topology.launch or late.get(rank):
                 sg.this_actor.sleep_for(topology.launch + late.get(rank, 0.0))
             body = program if rank < topology.ranks else switch
-            results[rank] = body(comm)
+            # every reduction of this rank costs its host's time
+            with ops.combining(transport.combine if topology.gamma else None):
+                results[rank] = body(comm)
             world.settle()
             finished[rank] = sg.Engine.clock
         except sg.ActorKilled:
@@ -524,8 +534,7 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
     world.actors = [sg.Actor.create(f"rank{rank}", host, actor, rank)
                     for rank, host in enumerate(hosts)]
     start = time.perf_counter()
-    with _charging(world, topology.gamma):
-        engine.run()
+    engine.run()
     wall = time.perf_counter() - start
     if failures:
         rank, text = min(failures.items())
@@ -539,19 +548,3 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
     return Outcome(max(finished, default=0.0), results, world.messages, world.bytes,
                    wall, built)
 
-
-@contextlib.contextmanager
-def _charging(world: World, gamma: float) -> Iterator[None]:
-    """Make every :func:`colltutor.ops.combine` cost its bytes at the host's speed
-    (``1 / gamma`` bytes a second), for the simulation's process only."""
-    combine = ops.combine
-
-    def charged(op: object, acc: torch.Tensor, incoming: torch.Tensor) -> None:
-        combine(op, acc, incoming)
-        world.owe(acc.numel() * acc.element_size())
-
-    ops.combine = charged if gamma else combine
-    try:
-        yield
-    finally:
-        ops.combine = combine

@@ -44,7 +44,8 @@ class TorchTransport:
     def recv_any(self, tensor: torch.Tensor) -> int:
         if self.batched:
             raise RuntimeError("NCCL cannot receive from an unspecified source")
-        work = dist.irecv(tensor, None, group=self.group, tag=self.tag)
+        # what dist.irecv does with no source, called on the group itself
+        work = self.group.recv_anysource([_wire(tensor)], self.tag)
         work.wait()
         return self.names.index(work._source_rank())
 
