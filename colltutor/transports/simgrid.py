@@ -37,7 +37,7 @@ import torch
 
 from colltutor import ops
 from colltutor.topologies import DOWN, UP, Link
-from colltutor.transports import Handle, Message
+from colltutor.transports import Handle, Message, backends
 
 INSTALL = (
     "SimGrid's Python module is not installed.  On Debian 12: `make simgrid` "
@@ -508,7 +508,8 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
                 if observer is not None:
                     stack.enter_context(p2p.observe(observer(rank)))
                 comm = comms[rank] = p2p.Comm(transport=SimTransport(world, rank,
-                                                                     device))
+                                                                     device),
+                                              kind=backends.SIMULATED)
             if topology.launch or late.get(rank):
                 sg.this_actor.sleep_for(topology.launch + late.get(rank, 0.0))
             body = program if rank < topology.ranks else switch
