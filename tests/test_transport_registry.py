@@ -194,3 +194,11 @@ def test_the_tag_plan_is_one_table_each_backend_maps_into_its_range() -> None:
     assert len(set(folded)) == len(folded)  # no two tags meet in MPI
     assert all(0 <= tag <= mpich_tag_ub for space, tag in folded if space)
     assert all(backends.GLOO.tags(t) == (0, t) for t in samples)
+
+
+def test_the_demo_makes_its_tensors_on_the_device_its_backend_names(
+        monkeypatch, capsys) -> None:
+    """Under NCCL's rules on the CPU, a rank's tensors live on its stand-in GPU."""
+    monkeypatch.setenv("COLLTUTOR_EMULATE", "nccl")
+    assert demo.main(["all_reduce", "-n", "2"]) == 0
+    assert "every result is correct" in capsys.readouterr().out
