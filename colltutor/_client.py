@@ -415,8 +415,10 @@ class Run:
     """One call of :func:`colltutor.run`: start the ranks, watch them, stop them."""
 
     def __init__(self, server: ForkServer, world_size: int, backend: str,
-                 timeout: float, stream: bool) -> None:
+                 timeout: float, stream: bool, registered: bytes | None = None
+                 ) -> None:
         self.server, self.world_size, self.backend = server, world_size, backend
+        self.registered = registered  # a backend the caller registered, pickled
         self.timeout, self.stream = timeout, stream
         self.ranks: list[Rank] = []
         self.by_pid: dict[int, Rank] = {}
@@ -443,6 +445,7 @@ class Run:
     def _start(self, payload: bytes, cores: int) -> None:
         task = {
             "world_size": self.world_size, "backend": self.backend,
+            "registered": self.registered,
             "timeout": min(self.timeout, _LONGEST), "cores": cores,
             "cwd": os.getcwd(), "path": list(sys.path), "env": dict(os.environ),
         }

@@ -29,8 +29,7 @@ import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
 from colltutor import _ipc, api, p2p, status
-from colltutor.backend import init_options
-from colltutor.transports import nccl_rules
+from colltutor.transports import backends
 
 EXIT_KEY = "colltutor/exit"
 DONE_KEY = "colltutor/done"
@@ -187,17 +186,15 @@ def _adopt_caller_context(task: dict, rank: int) -> None:
 
 
 def _join_group(task: dict, rank: int, store: dist.Store) -> dist.Store:
+    """Join as the run's backend's entry says (:mod:`colltutor.transports.backends`;
+    one the caller registered comes with the task)."""
     # The caller's own timeout is the one that reports hangs; torch's is a backstop.
     wait = datetime.timedelta(seconds=task["timeout"] + 30)
-    backend = task["backend"]
-    emulate = backend == "nccl" and nccl_rules.requested()
-    options = {} if emulate else init_options(backend, rank)
-    if emulate:  # NCCL's rules over gloo (colltutor.transports.nccl_rules)
-        backend = "gloo"
-    dist.init_process_group(backend, store=store, rank=rank,
-                            world_size=task["world_size"], timeout=wait, **options)
-    if emulate:
-        nccl_rules.install()
+    if task.get("registered"):
+        _, (entry,), _ = cloudpickle.loads(task["registered"])
+        backends.register(entry)
+    backends.join(backends.get(task["backend"]), rank, task["world_size"], wait,
+                  store, rank)
     return store
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from colltutor import collectives, guards, ops, registry, tuning  # noqa: F401
 from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
-from colltutor.transports import nccl_rules
+from colltutor.transports import backends, nccl_rules
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
@@ -341,9 +341,10 @@ def _after_async(group: ProcessGroup | None) -> None:
         worker.submit(lambda: None).result()
 
 
-COLLECTIVE_TAG = 0x3FFF_FFF0
+COLLECTIVE_TAG = backends.COLLECTIVE
 """The tag of every collective's messages, so that they never match a user's pending
-point-to-point messages of the same pair (gloo matches by peer and tag)."""
+point-to-point messages of the same pair (gloo matches by peer and tag); its place
+in the tag plan is :data:`colltutor.transports.backends.TAG_PLAN`."""
 
 
 def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | None,

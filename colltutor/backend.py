@@ -28,9 +28,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from colltutor import api
-from colltutor.p2p import membership
 from colltutor.transports import nccl_rules
-from colltutor.transports.torch_dist import DeviceTransport, backend_for
+from colltutor.transports.backends import init_options, nccl_usable  # noqa: F401
+from colltutor.transports.torch_dist import backend_for
 
 NAME = "colltutor"
 _TYPES = {"cpu": dist.ProcessGroup.BackendType.GLOO,
@@ -164,18 +164,9 @@ class ProcessGroup(dist.ProcessGroup):
         work.blocking = True  # as NCCL's: wait() returns once the GPU is idle too
         return work
 
-    # -- point-to-point: the device backends' own messages ---------------------------
-
-    def transport(self, tag: int) -> DeviceTransport:
-        """How :class:`colltutor.p2p.Comm` moves this group's messages: each by its
-        tensor's device backend (gloo's messages one at a time, a step's NCCL messages
-        in one NCCL group).  Where NCCL's rules are emulated on the CPU, they govern
-        this group's messages too, as they would its NCCL messages on GPUs."""
-        me = membership(self)
-        if nccl_rules.active():
-            return nccl_rules.NcclRulesTransport(self, me.rank, me.global_ranks,
-                                                 "gloo", tag)
-        return DeviceTransport(self.messages, me.rank, me.global_ranks, tag)
+    # -- point-to-point: the user's own messages -----------------------------------
+    # (colltutor's own messages travel by ``messages``: the group's entry in
+    # colltutor.transports.backends makes their transport)
 
     def send(self, tensors, dst, tag):
         return self._on(tensors).send(tensors, dst, tag)
@@ -287,12 +278,6 @@ def _flattened(outputs) -> list[torch.Tensor]:
     return [t for item in outputs for t in _flattened(item)]
 
 
-def nccl_usable() -> bool:
-    """Whether this process can move CUDA tensors over NCCL (a CUDA build of torch
-    with NCCL, and a GPU)."""
-    return dist.is_nccl_available() and torch.cuda.is_available()
-
-
 def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta, name: str,
           ranks: list[int]) -> dist.Backend:
     """An NCCL backend over ``store``, set up as ``init_process_group`` sets up its
@@ -322,22 +307,6 @@ def _bound_device() -> torch.device | None:
         return None
     return getattr(dist.distributed_c10d._get_default_group(), "bound_device_id",
                    None)
-
-
-def init_options(backend: str, local_rank: int) -> dict:
-    """``init_process_group``'s options that bind this rank to its GPU, as
-    torchrun's NCCL users do (``torch.cuda.set_device`` and ``device_id``), for
-    NCCL and for a ``"colltutor"`` world on GPUs; nothing on the CPU.  Ranks share
-    GPUs round-robin where there are fewer GPUs than ranks (NCCL 2.30+ allows that
-    with ``NCCL_MULTI_RANK_GPU_ENABLE=1``)."""
-    if backend not in ("nccl", NAME) or not nccl_usable():
-        return {}
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    options: dict = {"device_id": device}
-    if backend == NAME:
-        options["pg_options"] = device  # the group connects its own NCCL now
-    return options
 
 
 def register() -> None:

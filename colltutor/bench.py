@@ -37,6 +37,7 @@ import torch.distributed as dist
 from colltutor import registry
 from colltutor.api import synchronize
 from colltutor.runtime import device
+from colltutor.transports import backends
 
 COLLECTIVES = tuple(registry.COLLECTIVES)
 FACTORS: dict[str, Callable[[int], float]] = {
@@ -585,7 +586,8 @@ def parser() -> argparse.ArgumentParser:
                     help="reduction: sum, product, min, max, avg, band, bor, bxor "
                     "(default: %(default)s)")
     ap.add_argument("--backend", default="gloo",
-                    help="gloo (CPU) or nccl (one GPU per rank) (default: "
+                    choices=backends.launchable(backends.FORK, backends.MPIEXEC),
+                    help="gloo (CPU), nccl (one GPU per rank), ... (default: "
                     "%(default)s)")
     ap.add_argument("--csv", help="also write the rows to this CSV file")
     ap.add_argument("--json", help="also write the rows to this JSON file")

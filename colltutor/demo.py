@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colltutor.registry import COLLECTIVES as _DECLARED
+from colltutor.transports import backends
 
 COLLECTIVES = tuple(_DECLARED)
 OPS = ("sum", "product", "min", "max", "avg")
@@ -90,9 +91,7 @@ def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
     import torch.distributed as dist
 
     rank, size = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = backends.for_group(str(dist.get_backend()).lower()).device()
     dtype = torch.float32 if args.op == "avg" else torch.int64
     name, root, count = args.collective, args.root, args.count
     every = [_inputs(r, size, count, name, dtype) for r in range(size)]
@@ -177,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
                         "all_to_all; default 4)")
     p.add_argument("--root", type=int, default=0, help="root rank (default 0)")
     p.add_argument("--op", choices=OPS, default="sum", help="reduction (default sum)")
-    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "mpi"),
+    p.add_argument("--backend", default="auto",
+                   choices=("auto", *backends.launchable(backends.FORK,
+                                                         backends.MPIEXEC)),
                    help="auto: gloo, NCCL with a GPU per rank, MPI under mpiexec")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     return p

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from colltutor import ops, status
 from colltutor.p2p import Comm, Pending
-from colltutor.transports import nccl_rules
+from colltutor.transports import backends
 
 
 def enabled() -> bool:
@@ -80,8 +80,8 @@ _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}
                  key=str)
 _FIELDS = ("collective", "error", "dtype", "numel", "op", "root", "algorithm")
 _MAGIC = 0x0C011EC7
-_FINGERPRINT_TAG = 0x3FFF_FFF1  # apart from the algorithms' tag 0
-_HEADER_BIT = 1 << 30  # a send's header travels on tag ^ _HEADER_BIT
+_FINGERPRINT_TAG = backends.AGREEMENT  # the tag plan: TAG_PLAN["own"]
+_HEADER_BIT = backends.HEADER_BIT  # a send's header travels on tag ^ _HEADER_BIT
 _TEXT = 240  # bytes of an argument error's message that other ranks see
 _NONE = -1
 
@@ -387,20 +387,11 @@ def _check_locally(call: _Call, comm: Comm) -> None:
 
 
 def check_device(tensor: torch.Tensor, backend: str, what: str = "tensor") -> None:
-    """gloo moves CPU tensors; NCCL moves CUDA tensors on the rank's own device; a
-    ``"colltutor"`` group with GPUs (``gloo+nccl``) moves either.  Under NCCL's
-    emulation, a tensor must be on the rank's stand-in GPU."""
-    if nccl_rules.active():
-        nccl_rules.check_device(tensor, what)
-        return
-    if backend == "gloo" and tensor.device.type != "cpu":
-        raise ValueError(f"{what} is on {tensor.device}, but the gloo backend moves "
-                         "CPU tensors only (call .cpu() first)")
-    if backend == "nccl" or (backend == "gloo+nccl" and tensor.device.type != "cpu"):
-        here = torch.device("cuda", torch.cuda.current_device())
-        if tensor.device != here:
-            raise ValueError(f"{what} is on {tensor.device}, but NCCL on this rank "
-                             f"moves tensors on {here} (call .to({str(here)!r}))")
+    """Refuse a tensor that ``backend`` (a Comm's ``backend``) cannot move, as its
+    entry in :mod:`colltutor.transports.backends` says: gloo moves CPU tensors;
+    NCCL CUDA tensors on the rank's own device; a ``"colltutor"`` group with GPUs
+    either.  Under NCCL's emulation, a tensor must be on the rank's stand-in GPU."""
+    backends.accepting(backend)(tensor, what)
 
 
 # -- the agreement ----------------------------------------------------------------

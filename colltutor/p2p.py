@@ -33,9 +33,7 @@ import torch
 import torch.distributed as dist
 
 from colltutor import ops
-from colltutor.transports import Message, Transport, nccl_rules
-from colltutor.transports.nccl_rules import NcclRulesTransport
-from colltutor.transports.torch_dist import TorchTransport
+from colltutor.transports import Message, Transport, backends
 
 
 class Observer(Protocol):
@@ -181,17 +179,14 @@ class Comm:
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, tag: int = 0,
-                 transport: Transport | None = None) -> None:
-        self.group = group
-        if transport is None:
+                 transport: Transport | None = None,
+                 kind: backends.Backend | None = None) -> None:
+        self.group, self.kind = group, kind
+        if transport is None:  # the group's backend makes it (its registry entry)
             self.group = group if group is not None else dist.group.WORLD
-            own = getattr(self.group, "transport", None)  # MPI's groups bring one
-            if own is not None:
-                transport = own(tag)
-            else:
-                rank, size, backend, ranks = membership(self.group)
-                kind = NcclRulesTransport if nccl_rules.active() else TorchTransport
-                transport = kind(self.group, rank, ranks, backend, tag)
+            rank, size, backend, ranks = membership(self.group)
+            self.kind = backends.for_group(backend)
+            transport = self.kind.transport(self.group, rank, ranks, tag)
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.global_ranks, self.device = transport.names, transport.device
@@ -217,20 +212,22 @@ class Comm:
 
     @property
     def backend(self) -> str:
-        return getattr(self.transport, "backend", type(self.transport).__name__)
+        """The name of the group's backend (:mod:`colltutor.transports.backends`);
+        for a transport handed in without one, the transport's class."""
+        return self.kind.name if self.kind else type(self.transport).__name__
 
     @property
     def batched(self) -> bool:
         """NCCL needs a step's messages in one group call; gloo takes them singly."""
-        return getattr(self.transport, "batched", False)
+        return self.kind is not None and self.kind.batched
 
     def batched_for(self, tensor: torch.Tensor) -> bool:
         """Whether a user's messages of ``tensor`` wait to travel in one group:
         always on NCCL; on a ``"colltutor"`` group, for CUDA tensors."""
         if self.batched:
             return True
-        ask = getattr(self.transport, "batched_for", None)
-        return ask is not None and ask(tensor)
+        ask = self.kind.batched_for if self.kind is not None else None
+        return ask is not None and ask(self.transport, tensor)
 
     @property
     def phase(self) -> str:

@@ -165,14 +165,15 @@ def _choose_backend(backend: str, world_size: int) -> str:
         return backend
     import torch
 
-    from colltutor.transports import nccl_rules
+    from colltutor.transports import backends
 
     # device_count() asks NVML and does not initialise CUDA in this process.
     count = torch.cuda.device_count()
     # NCCL 2.30+ lets ranks share a GPU when asked to (src/init.cc)
     shared = count >= 1 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
     gpus = count >= world_size or shared
-    return "nccl" if gpus or nccl_rules.requested() else "gloo"
+    stand_in = backends.get("nccl") is not backends.NCCL  # NCCL's rules on the CPU
+    return "nccl" if gpus or stand_in else "gloo"
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -192,7 +193,10 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
     timeout = math.inf if timeout is None else float(timeout)
-    if backend == "mpi":  # ranks started by mpiexec (needs mpi4py and an MPI)
+    from colltutor.transports import backends
+
+    entry = backends.get(backend) if backend != "auto" else None
+    if entry is not None and entry.launcher == backends.MPIEXEC:  # needs mpi4py
         from colltutor.transports import mpiexec
 
         ended = mpiexec.run(_client.pickle_task(fn, args, kwargs), world_size, timeout)
@@ -201,12 +205,19 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
         if ended.failures:
             raise RankError(ended.failures, world_size)
         return ended.results
+    if entry is not None and entry.launcher != backends.FORK:
+        raise ValueError(f"the {backend} backend's ranks are started by "
+                         f"{entry.launcher}, not by colltutor.run")
+    # a backend registered by the caller travels with the task, for the ranks to join
+    # (by value where its module is the user's own, as ``fn`` travels)
+    registered = (_client.pickle_task(entry.transport, (entry,), {})
+                  if backend in backends.registered() else None)
     with _client.lock:
         server = _client.server()  # starts it if needed, without waiting for it
         backend = _choose_backend(backend, world_size)
         payload = _client.pickle_task(fn, args, kwargs)
-        ended = _client.Run(server, world_size, backend, timeout,
-                            stream).execute(payload, cores())
+        ended = _client.Run(server, world_size, backend, timeout, stream,
+                            registered).execute(payload, cores())
     if ended.timed_out:
         raise RankTimeoutError(ended.pending, timeout, world_size, ended.statuses,
                                ended.collectives)
@@ -248,19 +259,11 @@ def device() -> torch.device:
     Notebooks create tensors with ``device=colltutor.device()`` so that the same cell
     runs on a laptop (gloo) and on a multi-GPU machine (NCCL) unchanged.
     """
-    import torch
     import torch.distributed as dist
 
-    from colltutor.transports import nccl_rules
+    from colltutor.transports import backends
 
-    bound = getattr(dist.group.WORLD, "bound_device_id", None)
-    if bound is not None:  # NCCL's or a "colltutor" world's GPU
-        return bound
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    if nccl_rules.active():  # the emulation's stand-in for this rank's GPU
-        return nccl_rules.device()
-    return torch.device("cpu")
+    return backends.for_group(str(dist.get_backend()).lower()).device()
 
 
 def _where() -> str:
@@ -328,27 +331,22 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, 
     """
     import torch.distributed as dist
 
+    from colltutor.transports import backends
+
     if not dist.is_initialized():
         wait = datetime.timedelta(seconds=timeout)
-        if backend == "mpi" or (backend == "auto" and under_mpiexec()):
-            from colltutor.transports import mpi  # needs mpi4py
-
-            mpi.init(wait)
+        if backend == "auto" and under_mpiexec():
+            backend = backends.MPI.name
+        if backend != "auto" and backends.get(backend).launcher == backends.MPIEXEC:
+            backends.join(backends.get(backend), 0, 0, wait)
         elif under_torchrun():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE",
                                             os.environ["WORLD_SIZE"]))
-            from colltutor.backend import init_options
-            from colltutor.transports import nccl_rules
-
             if backend == "auto":
                 backend = _choose_backend(backend, local_size)
-            emulate = backend == "nccl" and nccl_rules.requested()
-            options = {} if emulate else init_options(backend, local_rank)
-            dist.init_process_group("gloo" if emulate else backend,
-                                    init_method="env://", timeout=wait, **options)
-            if emulate:  # NCCL's rules over gloo
-                nccl_rules.install()
+            backends.join(backends.get(backend), int(os.environ["RANK"]),
+                          int(os.environ["WORLD_SIZE"]), wait, None, local_rank)
         else:
             backend = "gloo" if backend == "auto" else backend
             dist.init_process_group(backend, store=dist.HashStore(), rank=0,

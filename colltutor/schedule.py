@@ -19,6 +19,7 @@ skips the recording.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import colltutor
 from colltutor import guards, native, ops, registry, runtime
-from colltutor.transports import nccl_rules
+from colltutor.transports import backends, nccl_rules
 
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.float64, torch.bfloat16)
@@ -507,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Compare every colltutor collective and algorithm with the "
         "native torch.distributed collective on this machine.",
     )
-    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    oracles = [e.name for e in backends.entries()  # native collectives to compare
+               if e.oracle and e.launcher == backends.FORK]
+    parser.add_argument("--backend", default="auto", choices=["auto", *oracles])
     parser.add_argument("--world-size", "-n", type=int, default=None,
                         help="ranks (default: GPUs for nccl, else 4)")
     parser.add_argument("--sample", type=int, default=1,

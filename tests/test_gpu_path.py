@@ -20,7 +20,7 @@ from helpers import outcome
 import colltutor
 from colltutor import api, backend, guards, selftest
 from colltutor.p2p import Comm
-from colltutor.transports import nccl_rules
+from colltutor.transports import backends, nccl_rules
 from colltutor.transports.torch_dist import DeviceTransport, TorchTransport
 
 # -- stand-ins: the parts of NCCL's backend that colltutor uses ------------------------
@@ -98,12 +98,13 @@ def test_a_group_whose_end_gives_no_work_hands_back_no_none() -> None:
 
 def test_a_colltutor_group_batches_the_messages_of_a_coalescing_device() -> None:
     transport = DeviceTransport({"cpu": _Refusing()}, 0, [0, 1])
-    comm = Comm(transport=transport)
+    comm = Comm(transport=transport, kind=backends.COLLTUTOR)
     assert comm.batched_for(torch.ones(1))  # a user's isend waits in a batch
     class Gloo:
         supports_coalescing = False
 
-    gloo = Comm(transport=DeviceTransport({"cpu": Gloo()}, 0, [0, 1]))
+    gloo = Comm(transport=DeviceTransport({"cpu": Gloo()}, 0, [0, 1]),
+                kind=backends.COLLTUTOR)
     assert not gloo.batched_for(torch.ones(1))  # gloo takes messages singly
 
 
@@ -132,7 +133,7 @@ def test_colltutor_s_messages_get_an_nccl_communicator_of_their_own(
 def test_each_rank_is_bound_to_its_gpu_for_nccl_and_colltutor_worlds(
         monkeypatch) -> None:
     chosen = []
-    monkeypatch.setattr(backend, "nccl_usable", lambda: True)
+    monkeypatch.setattr(backends, "nccl_usable", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     assert backend.init_options("nccl", 1) == {"device_id": torch.device("cuda", 1)}
@@ -142,7 +143,7 @@ def test_each_rank_is_bound_to_its_gpu_for_nccl_and_colltutor_worlds(
                                                     "pg_options": gpu}
     assert backend.init_options("gloo", 0) == {}
     assert chosen == [torch.device("cuda", 1), gpu]
-    monkeypatch.setattr(backend, "nccl_usable", lambda: False)
+    monkeypatch.setattr(backends, "nccl_usable", lambda: False)
     assert backend.init_options("colltutor", 0) == {}
 
 

@@ -6,7 +6,8 @@ Algorithms never see a transport: they talk to a ``Comm``, whose primitives cut
 messages into segments and reuse scratch memory, then post through the transport.
 :class:`~colltutor.transports.torch_dist.TorchTransport` (gloo and NCCL through
 ``torch.distributed``) is the one every collective uses by default; another (MPI,
-a simulated cluster) is one file that implements the same four members.
+a simulated cluster) is one file that implements the same four members, plus its
+entry in the backend registry (:mod:`colltutor.transports.backends`).
 """
 
 from __future__ import annotations

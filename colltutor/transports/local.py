@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from colltutor.transports import Handle, Message
+from colltutor.transports import Handle, Message, backends
 
 _CPU = torch.device("cpu")
 
@@ -96,7 +96,8 @@ def run(fn: Callable[..., Any], size: int, *args: Any) -> list[Any]:
 
     def rank(r: int) -> None:
         try:
-            results[r] = fn(Comm(transport=LocalTransport(world, r)), *args)
+            results[r] = fn(Comm(transport=LocalTransport(world, r),
+                                 kind=backends.LOCAL), *args)
         except BaseException as error:  # noqa: BLE001 (re-raised in the caller)
             errors.append(error)
 

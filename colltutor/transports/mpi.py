@@ -66,26 +66,23 @@ class _Request:
         return self.request.Test()
 
 
-OWN_TAGS = 0x3FFF_FF00
-"""Tags from here up are colltutor's own (``api.COLLECTIVE_TAG``, the guards'), above
-what MPI allows (MPICH's ``MPI_TAG_UB`` is 2**29 - 1)."""
-
-
 class MpiTransport:
     """One MPI communicator, from one rank: every step's receives, then its sends, as
-    nonblocking MPI calls matched by (peer, tag), in posting order as MPI promises."""
+    nonblocking MPI calls matched by (peer, tag), in posting order as MPI promises.
 
-    def __init__(self, group: MpiGroup, tag: int) -> None:
-        # colltutor's own messages (collectives, argument checks: tags from
-        # OWN_TAGS up) use a communicator of their own, so that they never match
-        # a user's point-to-point messages, whatever the tags
-        own = tag >= OWN_TAGS
-        self.comm = group.own if own else group.comm
-        self.tag = tag - OWN_TAGS if own else tag
+    ``space`` and ``tag`` are a tag of colltutor's plan as MPI's entry folds it
+    (:func:`colltutor.transports.backends.two_spaces`): colltutor's own messages
+    (collectives, argument checks) travel in space 1, a communicator of their own,
+    so that they never match a user's point-to-point messages, whatever the tags;
+    MPI's tags end at ``MPI_TAG_UB`` (2**29 - 1 in MPICH)."""
+
+    def __init__(self, group: MpiGroup, space: int, tag: int) -> None:
+        self.comm = group.own if space else group.comm
+        self.tag = tag
         if not 0 <= self.tag <= group.tag_ub:
             raise ValueError(f"MPI tags run from 0 to {group.tag_ub}, got {tag}")
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.names, self.device, self.backend = group.ranks, _CPU, BACKEND
+        self.names, self.device = group.ranks, _CPU
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
         requests = [self.comm.Irecv(buffer(t), peer, self.tag) for peer, t in recvs]
@@ -152,8 +149,9 @@ class MpiGroup(dist.ProcessGroup):
 
     It answers what torch.distributed asks of a group (rank, size) and runs MPI's
     own collectives when called through ``torch.distributed`` (``dist.all_reduce``
-    is ``MPI_Allreduce`` here).  colltutor's collectives never call them: they ask
-    :meth:`transport` for a :class:`MpiTransport` and send point-to-point.
+    is ``MPI_Allreduce`` here).  colltutor's collectives never call them: MPI's
+    entry in :mod:`colltutor.transports.backends` makes a :class:`MpiTransport`
+    of the group, and they send point-to-point.
     """
 
     def __init__(self, comm: MPI.Comm, ranks: list[int]) -> None:
@@ -161,10 +159,6 @@ class MpiGroup(dist.ProcessGroup):
         self.comm, self.ranks = comm, ranks
         self.own = comm.Dup()  # colltutor's own messages (collectives, checks)
         self.tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-
-    def transport(self, tag: int) -> MpiTransport:
-        """The transport colltutor's messages with ``tag`` travel by."""
-        return MpiTransport(self, tag)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         """``"mpi4py"``."""

@@ -486,7 +486,8 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
 def _own_messages(group: dist.ProcessGroup | None) -> bool:
     """Whether ``group`` moves its collectives' messages itself (a ``"colltutor"``
     group, whose transport is under these rules): not queued again here."""
-    return hasattr(_pg(group), "transport")
+    group = _pg(group)
+    return isinstance(group, dist.ProcessGroup) and group.name() == "colltutor"
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

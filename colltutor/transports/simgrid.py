@@ -38,7 +38,7 @@ import torch
 
 from colltutor import ops
 from colltutor.topologies import DOWN, UP, Link
-from colltutor.transports import Handle, Message
+from colltutor.transports import Handle, Message, backends
 
 INSTALL = (
     "SimGrid's Python module is not installed.  On Debian 12: `make simgrid` "
@@ -516,7 +516,8 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
             with contextlib.ExitStack() as stack:
                 if observer is not None:
                     stack.enter_context(p2p.observe(observer(rank)))
-                comm = comms[rank] = p2p.Comm(transport=transport)
+                comm = comms[rank] = p2p.Comm(transport=transport,
+                                              kind=backends.SIMULATED)
             if topology.launch or late.get(rank):
                 sg.this_actor.sleep_for(topology.launch + late.get(rank, 0.0))
             body = program if rank < topology.ranks else switch

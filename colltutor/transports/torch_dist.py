@@ -70,8 +70,6 @@ class DeviceTransport:
                  names: list[int], tag: int = 0) -> None:
         self.backends, self.rank, self.size = backends, rank, len(names)
         self.names, self.tag = names, tag
-        self.backend = "gloo+nccl" if "cuda" in backends else "gloo"
-        self.batched = False  # gloo's messages go singly; NCCL's steps are grouped here
         self.device = _CPU  # where the checks' and the barrier's small messages travel
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
