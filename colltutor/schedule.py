@@ -6,7 +6,10 @@ buffer, not on when messages arrive (unless it polls: ``is_completed``,
 ``recv_any``).  So :func:`record` runs each rank's algorithm alone, on meta
 tensors, over a :class:`RecordingTransport` whose messages complete at once, and
 keeps what the rank did as integers: its posts (peers and bytes, receives
-first), the order of its waits, and the bytes it reduced.  :func:`replayer` then
+first), the order of its waits, and the bytes it reduced.  The channels of an
+algorithm built on :func:`colltutor.collectives.at_once.lanes` are recorded
+apart, each an endpoint with a log of its own, so that a replay lets them
+progress independently, as NCCL's channels do.  :func:`replayer` then
 plays each rank's record on the simulated transport
 (:class:`colltutor.transports.simgrid.SimTransport`), the same calls in the same
 order as the algorithm itself would make, so the simulated times are the same,
