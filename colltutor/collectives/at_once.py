@@ -63,17 +63,17 @@ def together(views: list[Comm], program: Callable[[Comm], Steps]) -> None:
     algorithms) relies on.  Every rank lists the channels' messages in the same
     order, so each pair of ranks agrees on the order of its messages."""
     comm, p = views[0], views[0].size  # every view has the same ranks; one posts
-    where = {comm._peer(v): v for v in range(p)}
-    running = [(view, program(view)) for view in views]
-    steps = [next(steps, None) for _, steps in running]
-    while any(step is not None for step in steps):
-        live = [(view, steps, step) for (view, steps), step in zip(running, steps)
-                if step is not None]
+    where = {comm._peer(v): v for v in range(p)}  # a rank -> its rank in comm
+    programs = [program(view) for view in views]
+    steps = [next(steps, None) for steps in programs]
+    # 1. step s of every channel that has one, in one exchange; then each combines
+    while any(steps):
+        now = [(view, step) for view, step in zip(views, steps) if step]
         comm.exchange(
-            sends=[(where[view._peer(q)], t) for view, _, s in live for q, t in s[0]],
-            recvs=[(where[view._peer(q)], t) for view, _, s in live for q, t in s[1]])
-        steps = [next(steps, None) if step is not None else None
-                 for (_, steps), step in zip(running, steps)]
+            sends=[(where[v._peer(q)], t) for v, (sends, _) in now for q, t in sends],
+            recvs=[(where[v._peer(q)], t) for v, (_, recvs) in now for q, t in recvs])
+        steps = [next(steps, None) if step else None
+                 for steps, step in zip(programs, steps)]
 
 
 def lanes(views: list[Comm], program: Callable[[Comm], Steps]) -> None:
