@@ -207,4 +207,5 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None
     """
     # 1. every channel runs the ring all-gather on its column, on its own
     at_once.lanes(rails.rings(comm, channels),
-                  lambda ring: at_once.ring_all_gather_steps(ring, buf))
+                  lambda view: at_once.ring_all_gather_steps(view, buf),
+                  alone=lambda view: ring(view, buf))

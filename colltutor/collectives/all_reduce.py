@@ -368,4 +368,5 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int 
     """
     # 1. every channel runs the ring all-reduce on its column, on its own
     at_once.lanes(rails.rings(comm, channels),
-                  lambda ring: at_once.ring_all_reduce_steps(ring, buf, op))
+                  lambda view: at_once.ring_all_reduce_steps(view, buf, op),
+                  alone=lambda view: ring(view, buf, op))

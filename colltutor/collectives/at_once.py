@@ -76,21 +76,27 @@ def together(views: list[Comm], program: Callable[[Comm], Steps]) -> None:
                  for steps, step in zip(programs, steps)]
 
 
-def lanes(views: list[Comm], program: Callable[[Comm], Steps]) -> None:
+def lanes(views: list[Comm], program: Callable[[Comm], Steps],
+          alone: Callable[[Comm], None] | None = None) -> None:
     """Run ``program(view)`` for every view (channel) of the same ranks, each
     channel progressing on its own, as NCCL's channels do on their thread blocks.
 
     A transport with a ``lane`` method (:mod:`colltutor.transports`; the recording
     of a replay) runs channel ``c`` to its end inside ``transport.lane(c)``, one
-    channel after the other; the others run them :func:`together`.  The channels
-    must not depend on each other's results: a channel's last step ends the
-    collective for it."""
+    channel after the other: ``alone(view)`` where given, the same algorithm
+    written for one channel (its primitives then overlap each segment's reduction
+    with the next one's arrival, as NCCL's slices do), else ``program``'s steps.
+    The others run the steps :func:`together`.  The channels must not depend on
+    each other's results: a channel's last step ends the collective for it."""
     lane = getattr(views[0].transport, "lane", None)
     if lane is None:
         together(views, program)
         return
     for c, view in enumerate(views):
         with lane(c):
+            if alone is not None:
+                alone(view)
+                continue
             for sends, recvs in program(view):
                 view.exchange(sends, recvs)
 

@@ -217,5 +217,6 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
     (:mod:`~colltutor.collectives.rails`).  Chapter 11, What NCCL Runs.
     """
     # 1. every channel runs the ring reduce-scatter on its column, on its own
-    at_once.lanes(rails.rings(comm, channels), lambda ring:
-                  at_once.ring_reduce_scatter_steps(ring, buf, op, work))
+    at_once.lanes(rails.rings(comm, channels),
+                  lambda view: at_once.ring_reduce_scatter_steps(view, buf, op, work),
+                  alone=lambda view: ring(view, buf, op, work))
