@@ -6,7 +6,10 @@ buffer, not on when messages arrive (unless it polls: ``is_completed``,
 ``recv_any``).  So :func:`record` runs each rank's algorithm alone, on meta
 tensors, over a :class:`RecordingTransport` whose messages complete at once, and
 keeps what the rank did as integers: its posts (peers and bytes, receives
-first), the order of its waits, and the bytes it reduced.  :func:`replayer` then
+first), the order of its waits, and the bytes it reduced.  The channels of an
+algorithm built on :func:`colltutor.collectives.at_once.lanes` are recorded
+apart, each an endpoint with a log of its own, so that a replay lets them
+progress independently, as NCCL's channels do.  :func:`replayer` then
 plays each rank's record on the simulated transport
 (:class:`colltutor.transports.simgrid.SimTransport`), the same calls in the same
 order as the algorithm itself would make, so the simulated times are the same,
@@ -26,7 +29,7 @@ import pathlib
 import tempfile
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from colltutor import ops
@@ -59,21 +62,43 @@ class _Handle:
 
 
 class RecordingTransport:
-    """A transport whose messages complete at once and are written down."""
+    """A transport whose messages complete at once and are written down.
+
+    Its channels run separately (:func:`colltutor.collectives.at_once.lanes`):
+    inside :meth:`lane` ``c`` the messages and reductions are written on the log of
+    endpoint ``rank + c * size``, whose peers are the same channel's endpoints of
+    the other ranks; lane 0 is the rank's own log."""
 
     def __init__(self, rank: int, size: int, device: Any) -> None:
         self.rank, self.size = rank, size
         self.names, self.device = list(range(size)), device
         self.log = array("q")
-        self.handles = 0
+        self.logs = [self.log]  # by lane
+        self.handles = [0]  # handles posted so far, by lane
+        self.shift = 0  # the lane's endpoints: peer + shift
+
+    @contextlib.contextmanager
+    def lane(self, c: int) -> Iterator[None]:
+        """Write what happens in this context on lane ``c``'s own log."""
+        while len(self.logs) <= c:
+            self.logs.append(array("q"))
+            self.handles.append(0)
+        outer = self.log, self.shift
+        self.log, self.shift = self.logs[c], c * self.size
+        try:
+            yield
+        finally:
+            self.log, self.shift = outer
 
     def post(self, sends: list, recvs: list) -> list[_Handle]:
-        log = self.log
+        log, shift = self.log, self.shift
         log.extend((POST, len(sends), len(recvs)))
         for peer, tensor in [*recvs, *sends]:
-            log.extend((peer, tensor.numel() * tensor.element_size()))
-        first, self.handles = self.handles, self.handles + len(sends) + len(recvs)
-        return [_Handle(log, n) for n in range(first, self.handles)]
+            log.extend((peer + shift, tensor.numel() * tensor.element_size()))
+        lane = shift // self.size
+        first = self.handles[lane]
+        self.handles[lane] += len(sends) + len(recvs)
+        return [_Handle(log, n) for n in range(first, self.handles[lane])]
 
     def recv_any(self, tensor: Any) -> int:
         raise Polls("the algorithm receives from any source")
@@ -84,24 +109,27 @@ class RecordingTransport:
         self.log.extend((REDUCE, acc.numel() * acc.element_size()))
 
 
-
 def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]:
-    """Each rank's record: ``program(comm)`` run by rank after rank on a
-    :class:`RecordingTransport`.  Raises :class:`Polls` for an algorithm that
-    polls."""
+    """Each endpoint's record: ``program(comm)`` run by rank after rank on a
+    :class:`RecordingTransport`.  Endpoint ``r + c * size`` is lane ``c`` of rank
+    ``r`` (lane 0: the rank itself), so an algorithm without lanes has one endpoint
+    a rank; a rank with fewer lanes than another has empty logs for the rest.
+    Raises :class:`Polls` for an algorithm that polls."""
     from colltutor import p2p, runtime
 
-    logs: list[array] = []
+    ranks: list[list[array]] = []
     shown = 0.0
     for rank in range(size):
         transport = RecordingTransport(rank, size, device)
         with ops.combining(transport.combine):
             program(p2p.Comm(transport=transport))
-        logs.append(transport.log)
+        ranks.append(transport.logs)
         if time.perf_counter() - shown > 0.5 or rank == size - 1:
             shown = time.perf_counter()
             runtime.progress("recording the messages", rank + 1, size, "ranks")
-    return logs
+    lanes = max(map(len, ranks), default=1)
+    return [logs[c] if c < len(logs) else array("q")
+            for c in range(lanes) for logs in ranks]
 
 
 class _Bytes:
@@ -123,8 +151,9 @@ class _Bytes:
 
 def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
     """A program for :func:`colltutor.transports.simgrid.run` that plays each
-    rank's record on its simulated transport; ``reductions``: charge the bytes
-    reduced (the topology's ``gamma``)."""
+    endpoint's record on its simulated transport (one actor an endpoint:
+    ``endpoints=len(logs)``); ``reductions``: charge the bytes reduced (the
+    topology's ``gamma``)."""
     from colltutor import runtime
 
     def program(comm: Any) -> None:
@@ -161,8 +190,9 @@ def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
 
 def key(*parts: Any) -> str:
     """A record's cache key: what its messages depend on (collective, algorithm,
-    bytes, dtype, ranks, ranks per node, root, op, options)."""
-    return hashlib.sha1(repr(parts).encode()).hexdigest()[:20]
+    bytes, dtype, ranks, ranks per node, root, op, options), and the file format
+    (:data:`MAGIC`)."""
+    return hashlib.sha1(repr((MAGIC, *parts)).encode()).hexdigest()[:20]
 
 
 def cache_dir() -> pathlib.Path:
@@ -173,29 +203,31 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "schedules"
 
 
-MAGIC = b"CTSCHED1"
-"""A record file's first 8 bytes; then the ranks, each rank's length in entries,
-then every rank's entries, all as native 64-bit integers (what ``replay.cpp`` reads)."""
+MAGIC = b"CTSCHED2"
+"""A record file's first 8 bytes; then the ranks, the endpoints (endpoint ``e``
+lives on rank ``e % ranks``), each endpoint's length in entries, then every
+endpoint's entries, all as native 64-bit integers (what ``replay.cpp`` reads)."""
 
 
-def save(logs: list[array], path: pathlib.Path) -> None:
-    """Write ``logs`` to ``path`` in the record's file format (:data:`MAGIC`)."""
+def save(logs: list[array], path: pathlib.Path, ranks: int | None = None) -> None:
+    """Write ``logs`` (one per endpoint, ``ranks`` ranks: by default one endpoint
+    a rank) to ``path`` in the record's file format (:data:`MAGIC`)."""
     with path.open("wb") as f:
         f.write(MAGIC)
-        array("q", [len(logs), *map(len, logs)]).tofile(f)
+        array("q", [ranks or len(logs), len(logs), *map(len, logs)]).tofile(f)
         for log in logs:
             log.tofile(f)
 
 
 def load(path: pathlib.Path) -> list[array]:
-    """The record in the file ``path`` (:func:`save`)."""
+    """The record in the file ``path`` (:func:`save`), one log per endpoint."""
     with path.open("rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError(f"{path} is not a colltutor schedule")
         head = array("q")
-        head.fromfile(f, 1)
+        head.fromfile(f, 2)
         lengths = array("q")
-        lengths.fromfile(f, head[0])
+        lengths.fromfile(f, head[1])
         logs = []
         for n in lengths:
             log = array("q")
@@ -204,12 +236,12 @@ def load(path: pathlib.Path) -> list[array]:
     return logs
 
 
-def stored(directory: str, name: str | None, make: Callable[[], list[array]]
-           ) -> tuple[pathlib.Path, bool, bool]:
+def stored(directory: str, name: str | None, make: Callable[[], list[array]],
+           ranks: int | None = None) -> tuple[pathlib.Path, bool, bool]:
     """The file of the record named ``name`` in the cache ``directory``, written
-    from ``make()`` unless it is there; whether it came from the cache; and
-    whether it is a file of this call's, for the caller to remove (``name=None``,
-    or a cache that cannot be written)."""
+    from ``make()`` (the logs of ``ranks`` ranks' endpoints) unless it is there;
+    whether it came from the cache; and whether it is a file of this call's, for
+    the caller to remove (``name=None``, or a cache that cannot be written)."""
     path = pathlib.Path(directory) / f"{name}.sched"
     if name is not None and path.exists():
         os.utime(path)  # recently used: the last to be pruned
@@ -223,7 +255,7 @@ def stored(directory: str, name: str | None, make: Callable[[], list[array]]
     if own:
         path = pathlib.Path(tempfile.mkdtemp(prefix="colltutor-")) / "record.sched"
     partial = path.with_suffix(f".{os.getpid()}.tmp")
-    save(logs, partial)
+    save(logs, partial, ranks)
     partial.replace(path)
     if not own:
         prune(path.parent, keep=path)

@@ -155,8 +155,11 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     compiler and SimGrid's headers): the same simulated times, far fewer real
     seconds, no result to
     check and no trace (:mod:`colltutor.schedule`; an algorithm that polls, and
-    NVLink SHARP, run as actors anyway; ``Result.engine`` says which ran).
-    Hierarchical algorithms see the topology's nodes (``LOCAL_WORLD_SIZE``).
+    NVLink SHARP, run as actors anyway; ``Result.engine`` says which ran).  The
+    channels of an algorithm built on :func:`~colltutor.collectives.at_once.lanes`
+    progress independently in a replay but in lockstep without one, so there the
+    two times differ.  Hierarchical algorithms see the topology's nodes
+    (``LOCAL_WORLD_SIZE``).
     Raises :class:`~colltutor.transports.simgrid.SimGridMissing`, saying how to
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
     release it cannot use).
@@ -396,7 +399,7 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
     try:
         path, hit, own = schedule.stored(cache, name, lambda: schedule.record(
             lambda comm: _program(comm, collective, algorithm, p, count, dtype, meta,
-                                  root, op, options, [], topology.step), p, meta))
+                                  root, op, options, [], topology.step), p, meta), p)
     except schedule.Polls:
         return None
     recorded = 0.0 if hit else time.perf_counter() - start
@@ -409,9 +412,9 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
         if binary is not None:
             outcome = simgrid_replay.run(binary, path, topology, late, semantics)
         else:
-            outcome = sim.run(topology, schedule.replayer(schedule.load(path),
-                                                          bool(topology.gamma)),
-                              meta, None, None, late, semantics)
+            logs = schedule.load(path)
+            outcome = sim.run(topology, schedule.replayer(logs, bool(topology.gamma)),
+                              meta, None, None, late, semantics, endpoints=len(logs))
     finally:
         if own:  # a record of this call's, in a directory of its own
             shutil.rmtree(path.parent, ignore_errors=True)

@@ -10,6 +10,7 @@ simulated run with real tensors and the rail-matched ring against the flat one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 
@@ -193,6 +194,33 @@ def test_nccl_tree_and_rail_rings_are_right_in_nodes_of_any_size(
             for collective in ("reduce_scatter", "all_gather"):
                 assert all(local.run(functools.partial(
                     own_blocks, collective=collective, n=n, channels=channels), p))
+
+
+def alone(check, comm: Comm, channels: int, **args) -> bool:
+    """``check`` on a transport that runs channels separately (``lane(c)``, as the
+    recording of a replay does), here on real tensors; and every channel ran."""
+    entered = []
+
+    def lane(c: int) -> contextlib.AbstractContextManager:
+        entered.append(c)
+        return contextlib.nullcontext()
+
+    comm.transport.lane = lane
+    return check(comm, channels=channels, **args) and entered == list(range(channels))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+def test_rail_rings_are_right_when_each_channel_runs_alone(
+        p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each channel runs the single-channel ring on its column to the end, one
+    channel after the other (every rank in the same order): still right."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(min(p, 4)))
+    for n, channels in itertools.product((0, 1, p + 1, 97), (1, 3)):
+        assert all(local.run(functools.partial(
+            alone, all_reduce, name="multi_channel_ring", n=n, channels=channels), p))
+        for collective in ("reduce_scatter", "all_gather"):
+            assert all(local.run(functools.partial(
+                alone, own_blocks, collective=collective, n=n, channels=channels), p))
 
 
 def test_nccl_tree_chunks_from_nccls_buffer(monkeypatch: pytest.MonkeyPatch) -> None:

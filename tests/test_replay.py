@@ -260,3 +260,111 @@ def test_the_record_cache_drops_the_least_recently_used(tmp_path, monkeypatch):
     schedule.stored(str(tmp_path), "b", lambda: 1 / 0)  # a hit: now the newest
     schedule.stored(str(tmp_path), "d", lambda: log)
     assert sorted(p.name for p in tmp_path.glob("*.sched")) == ["b.sched", "d.sched"]
+
+
+# -- lanes: channels that progress on their own ---------------------------------------
+
+def _record_rail_ring(p: int, k: int, channels: int, numel: int):
+    """The record of the rail-matched ring all-reduce on ``p`` ranks in nodes of
+    ``k``, on meta tensors."""
+    import torch
+
+    from colltutor import ops
+    from colltutor.collectives import all_reduce
+
+    meta = torch.device("meta")
+    return schedule.record(lambda comm: all_reduce.multi_channel_ring(
+        comm, torch.empty(numel, device=meta), ops.ReduceOp.SUM, channels=channels),
+        p, meta)
+
+
+def _read(log):
+    """The peers of every message a log posts, and its number of reductions."""
+    i, peers, reductions = 0, [], 0
+    while i < len(log):
+        if log[i] == schedule.POST:
+            sends, recvs = log[i + 1], log[i + 2]
+            peers += list(log[i + 3:i + 3 + 2 * (sends + recvs):2])
+            i += 3 + 2 * (sends + recvs)
+        else:
+            reductions += log[i] == schedule.REDUCE
+            i += 2
+    return peers, reductions
+
+
+@pytest.mark.parametrize(("p", "k", "channels"), [(8, 4, 3), (6, 6, 2), (4, 2, 1)])
+def test_a_lane_algorithm_records_one_endpoint_per_lane(p, k, channels, monkeypatch):
+    """Lane c of rank r is endpoint r + c p: its log holds that channel's messages
+    and reductions only, each to the same channel's endpoints of the other
+    ranks."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(k))
+    logs = _record_rail_ring(p, k, channels, 1000 * p)
+    assert len(logs) == channels * p
+    for e, log in enumerate(logs):
+        lane, (peers, reductions) = e // p, _read(log)
+        assert len(peers) == 2 * 2 * (p - 1)  # a ring all-reduce: a send, a receive
+        assert {q // p for q in peers} == {lane} and e not in peers
+        assert reductions == p - 1
+    assert len(schedule.record(lambda comm: comm.exchange(), p, None)) == p
+
+
+def test_a_record_of_lanes_keeps_its_ranks_in_the_file(tmp_path):
+    from array import array
+
+    logs = [array("q", [schedule.POST, 1, 0, 3, 64, schedule.WAIT, 0]), array("q"),
+            array("q", [schedule.POST, 0, 1, 0, 64, schedule.WAIT, 0]), array("q")]
+    schedule.save(logs, tmp_path / "r.sched", ranks=2)
+    assert schedule.load(tmp_path / "r.sched") == logs
+    with (tmp_path / "r.sched").open("rb") as f:
+        assert f.read(8) == schedule.MAGIC
+        head = array("q")
+        head.fromfile(f, 2)
+    assert list(head) == [2, 4]
+
+
+PRECISE = ("--cfg=surf/precision:1e-15", "--cfg=maxmin/precision:1e-15")
+"""SimGrid's precision made fine enough that events a nanosecond apart stay
+apart: with many endpoints on a host the engines meet simultaneous events in
+different orders, which at the default precision (1e-9 s) moves the time by
+a few nanoseconds."""
+
+
+def _python_replay(path, topology, late, semantics):
+    import torch
+
+    sim.CONFIG = sim.CONFIG + PRECISE
+    logs = schedule.load(path)
+    return sim.run(topology, schedule.replayer(logs, bool(topology.gamma)),
+                   torch.device("meta"), None, None, late, semantics,
+                   endpoints=len(logs)).seconds
+
+
+@needs_simgrid
+@pytest.mark.parametrize("semantics", sim.SEMANTICS)
+@pytest.mark.parametrize(("channels", "topology", "nbytes"),
+                         [(2, "h100-cluster:2", 1 << 20),
+                          (3, "h100-cluster:4", 1 << 18), (4, "star:8", 1 << 16)])
+def test_lanes_take_the_same_time_on_every_engine(channels, topology, nbytes,
+                                                  semantics, replayer, cache,
+                                                  monkeypatch):
+    """The rail-matched ring's record, one endpoint per lane, replayed by the C++
+    state machines, the C++ actors and the Python actors: the same simulated
+    time, with a late rank (its lanes start late)."""
+    colltutor.simulate("all_reduce", nbytes, topology, "multi_channel_ring",
+                       semantics=semantics, options={"channels": channels},
+                       replay=True)
+    [path] = (cache / "schedules").glob("*.sched")
+    cluster = topologies.get(topology)
+    p = cluster.ranks
+    assert len(schedule.load(path)) == channels * p
+    monkeypatch.setattr(sim, "CONFIG", sim.CONFIG + PRECISE)
+    late = {p // 2 + 1: 1e-4}
+    machines = simgrid_replay.run(replayer, path, cluster, late, semantics)
+    actors = simgrid_replay.run(replayer, path, cluster, late, semantics, actors=True)
+    python = runtime.run(_python_replay, 1, path, cluster, late, semantics,
+                         backend="gloo")[0]
+    on_time = simgrid_replay.run(replayer, path, cluster, {}, semantics)
+    assert machines.seconds == pytest.approx(actors.seconds, rel=1e-9)
+    assert python == pytest.approx(machines.seconds, rel=1e-9)
+    assert machines.seconds > on_time.seconds  # the late rank held its lanes back
+    assert machines.messages == actors.messages > 0

@@ -196,8 +196,8 @@ def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTE
            cost=lambda p, n, channels=2, k=None: (p - 1, frac(p) * n, 0.0))
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
-    block, each step posting the messages of every ring together
-    (:func:`~colltutor.collectives.at_once.ring_all_gather`).
+    block, each ring a channel progressing on its own
+    (:func:`~colltutor.collectives.at_once.lanes`).
 
     NCCL splits every collective between its channels (``NCCL_MIN_NCHANNELS``)
     and gives each its own thread block and, where it can, its own links; sharing
@@ -208,5 +208,7 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, channels: int = 2) -> None
     Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link): ``(p-1)
     alpha + ((p-1)/p) n beta``.  Chapter 11, What NCCL Runs.
     """
-    # 1. every channel's ring, step by step, all channels in each step
-    at_once.ring_all_gather(rails.rings(comm, channels), buf)
+    # 1. every channel runs the ring all-gather on its column, on its own
+    at_once.lanes(rails.rings(comm, channels),
+                  lambda view: at_once.ring_all_gather_steps(view, buf),
+                  alone=lambda view: ring(view, buf))

@@ -356,8 +356,8 @@ def hierarchical(comm: Comm, buf: torch.Tensor, op: object, k: int | None = None
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2
                        ) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, each with its share of the buffer
-    (column j: piece j of every block), every step posting the messages of all the
-    rings together (:mod:`~colltutor.collectives.at_once`).
+    (column j: piece j of every block), each ring a channel progressing on its own
+    (:func:`~colltutor.collectives.at_once.lanes`).
 
     NCCL splits every collective between its channels (``ncclCollCbdPart`` in
     ``src/device/all_reduce.h``, ``NCCL_MIN_NCHANNELS``) and runs each on its own
@@ -370,8 +370,7 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object, channels: int 
     messages of ``n/(cp)``.  Cost (one link): ``2(p-1) alpha + 2((p-1)/p) n beta +
     ((p-1)/p) n gamma``.  Chapter 11, What NCCL Runs.
     """
-    rings = rails.rings(comm, channels)
-    # 1. on every channel, block `rank` becomes the reduction of block `rank`
-    at_once.ring_reduce_scatter(rings, buf, op)
-    # 2. on every channel, every rank collects every reduced block
-    at_once.ring_all_gather(rings, buf)
+    # 1. every channel runs the ring all-reduce on its column, on its own
+    at_once.lanes(rails.rings(comm, channels),
+                  lambda view: at_once.ring_all_reduce_steps(view, buf, op),
+                  alone=lambda view: ring(view, buf, op))

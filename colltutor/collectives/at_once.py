@@ -1,17 +1,22 @@
 """Several messages in flight in one step: NCCL's channels from one thread (Chapter 11).
 
 NCCL runs an algorithm on several channels at once, each a ring or a tree with its
-own share of the buffer (and its own thread block, often its own links).  One
-Python thread cannot block in two rings at once; instead each step here posts the
-messages of every channel together, so that they are in flight at the same time,
-and combines what arrived once the step is over.  The multi-channel ring, the two
-trees of the double binary tree and the hierarchical algorithms (one ring per
-node's span of blocks) are built on it.
+own share of the buffer and its own thread block, so the channels progress
+independently (block ``n`` takes channel ``n``: ``src/device/common.h:372``, and
+``runRing`` in ``src/device/all_reduce.h`` works on that channel's part, NCCL
+2.30.7).  One Python thread cannot block in two rings at once; instead a channel's
+program here is a generator of steps (:data:`Steps`) and :func:`together` posts
+the step of every channel at once, so that they are in flight at the same time, and
+combines what arrived once the step is over.  :func:`lanes` goes further where the
+transport can: each channel runs on its own (a recorded replay gives it an endpoint
+of its own), as NCCL's thread blocks do.  The multi-channel ring, the two trees of
+the double binary tree and the hierarchical algorithms (one ring per node's span of
+blocks) are built on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
 
 import torch
 
@@ -46,53 +51,110 @@ def exchange_reduce(comm: Comm, sends: list[Message],
         ops.combine(op, acc, arrived if mine is None else mine)
 
 
+Steps = Generator[tuple[list[Message], list[Message]], None, None]
+"""A channel's program: it yields each step's ``(sends, recvs)`` in its view's ranks
+and, once the step is over (the yield returns), combines what arrived."""
+
+
+def together(views: list[Comm], program: Callable[[Comm], Steps]) -> None:
+    """Run ``program(view)`` for every view (channel) of the same ranks, step s of
+    every channel in one exchange: the channels move in lockstep, which a phase
+    that needs every channel's results before it goes on (the hierarchical
+    algorithms) relies on.  Every rank lists the channels' messages in the same
+    order, so each pair of ranks agrees on the order of its messages."""
+    comm, p = views[0], views[0].size  # every view has the same ranks; one posts
+    where = {comm._peer(v): v for v in range(p)}  # a rank -> its rank in comm
+    programs = [program(view) for view in views]
+    steps = [next(steps, None) for steps in programs]
+    # 1. step s of every channel that has one, in one exchange; then each combines
+    while any(steps):
+        now = [(view, step) for view, step in zip(views, steps) if step]
+        comm.exchange(
+            sends=[(where[v._peer(q)], t) for v, (sends, _) in now for q, t in sends],
+            recvs=[(where[v._peer(q)], t) for v, (_, recvs) in now for q, t in recvs])
+        steps = [next(steps, None) if step else None
+                 for steps, step in zip(programs, steps)]
+
+
+def lanes(views: list[Comm], program: Callable[[Comm], Steps],
+          alone: Callable[[Comm], None] | None = None) -> None:
+    """Run ``program(view)`` for every view (channel) of the same ranks, each
+    channel progressing on its own, as NCCL's channels do on their thread blocks.
+
+    A transport with a ``lane`` method (:mod:`colltutor.transports`; the recording
+    of a replay) runs channel ``c`` to its end inside ``transport.lane(c)``, one
+    channel after the other: ``alone(view)`` where given, the same algorithm
+    written for one channel (its primitives then overlap each segment's reduction
+    with the next one's arrival, as NCCL's slices do), else ``program``'s steps.
+    The others run the steps :func:`together`.  The channels must not depend on
+    each other's results: a channel's last step ends the collective for it."""
+    lane = getattr(views[0].transport, "lane", None)
+    if lane is None:
+        together(views, program)
+        return
+    for c, view in enumerate(views):
+        with lane(c):
+            if alone is not None:
+                alone(view)
+                continue
+            for sends, recvs in program(view):
+                view.exchange(sends, recvs)
+
+
+def ring_all_gather_steps(ring: Comm, buf: torch.Tensor) -> Steps:
+    """:func:`~colltutor.collectives.all_gather.ring` as a channel's steps, on the
+    view ``ring`` (its own blocks and its own ring order)."""
+    p, rank, chunk = ring.size, ring.rank, ring.blocks(buf)
+    left, right = (rank - 1) % p, (rank + 1) % p
+    # 1. step s: block rank-s goes right and block rank-s-1 comes from the left
+    for step in range(p - 1):
+        send, recv = chunk[(rank - step) % p], chunk[(rank - step - 1) % p]
+        yield [(right, send)], [(left, recv)]
+
+
+def ring_reduce_scatter_steps(ring: Comm, buf: torch.Tensor, op: object,
+                              work: torch.Tensor | None = None) -> Steps:
+    """:func:`~colltutor.collectives.reduce_scatter.ring` as a channel's steps, on
+    the view ``ring``; ``work`` as in the reduce-scatter contract; the op is
+    finished (AVG divided by the size) on my block."""
+    p, rank = ring.size, ring.rank
+    left, right = (rank - 1) % p, (rank + 1) % p
+    mine = ring.blocks(buf)
+    acc = mine if work is None else ring.blocks(work)
+    in_place = work is None and p > 1  # partial results land in a slot first
+    slot = ring.scratch(max(t.numel() for t in mine), buf) if in_place else None
+    # 1. step s: my partial result for block rank-s-1 goes right and the left's for
+    #    block rank-s-2 is combined into mine
+    for step in range(p - 1):
+        send = (acc if step else mine)[(rank - step - 1) % p]
+        b = (rank - step - 2) % p  # the block I combine
+        landing = slot.narrow(0, 0, acc[b].numel()) if in_place else acc[b]
+        yield [(right, send)], [(left, landing)]
+        ops.combine(op, acc[b], landing if in_place else mine[b])
+    # 2. my block is complete (alone, out of place: it is my own)
+    if p == 1:
+        place(acc[rank], mine[rank])
+    ops.finish(op, acc[rank], p)
+
+
+def ring_all_reduce_steps(ring: Comm, buf: torch.Tensor, op: object) -> Steps:
+    """:func:`~colltutor.collectives.all_reduce.ring` as a channel's steps: the
+    reduce-scatter's, then the all-gather's."""
+    # 1. block `rank` becomes the reduction of block `rank`
+    yield from ring_reduce_scatter_steps(ring, buf, op)
+    # 2. every rank collects every reduced block
+    yield from ring_all_gather_steps(ring, buf)
+
+
 def ring_all_gather(views: list[Comm], buf: torch.Tensor) -> None:
     """:func:`~colltutor.collectives.all_gather.ring` on several views of the same
-    ranks at once, each with its own blocks and its own ring order: step s of every
-    ring is one exchange."""
-    comm, p = views[0], views[0].size  # every view has the same ranks; one posts
-    rings = [(view.blocks(buf), *neighbours(comm, view)) for view in views]
-    # 1. step s: in every ring, block rank-s goes right and block rank-s-1 comes
-    for step in range(p - 1):
-        comm.exchange(
-            sends=[(right, chunk[(rank - step) % p])
-                   for chunk, rank, _, right in rings],
-            recvs=[(left, chunk[(rank - step - 1) % p])
-                   for chunk, rank, left, _ in rings])
-
-
-def neighbours(comm: Comm, view: Comm) -> tuple[int, int, int]:
-    """``view``'s rank, and its left and right neighbours as ranks of ``comm`` (a
-    view of the same ranks, which posts the messages of every view)."""
-    p = view.size
-    where = {comm._peer(v): v for v in range(p)}
-    return (view.rank, where[view._peer((view.rank - 1) % p)],
-            where[view._peer((view.rank + 1) % p)])
+    ranks in lockstep (:func:`together`), each with its own blocks and ring order."""
+    together(views, lambda ring: ring_all_gather_steps(ring, buf))
 
 
 def ring_reduce_scatter(views: list[Comm], buf: torch.Tensor, op: object,
                         work: torch.Tensor | None = None) -> None:
     """:func:`~colltutor.collectives.reduce_scatter.ring` on several views of the
-    same ranks at once, each with its own blocks and its own ring order: step s of
-    every ring is one exchange.  ``work`` as in the reduce-scatter contract; the op
-    is finished (AVG divided by the views' size) on my block of each view."""
-    comm, p = views[0], views[0].size  # every view has the same ranks; one posts
-    mine = [view.blocks(buf) for view in views]
-    acc = mine if work is None else [view.blocks(work) for view in views]
-    places = [neighbours(comm, view) for view in views]
-    most = sum(max(t.numel() for t in blocks) for blocks in mine)
-    slots = comm.scratch(most, buf) if work is None and p > 1 else None
-    # 1. step s: in every ring, my partial result for block rank-s-1 goes right and
-    #    the left's for block rank-s-2 is combined into mine
-    for step in range(p - 1):
-        exchange_reduce(
-            comm, [(right, (a if step else m)[(rank - step - 1) % p])
-                   for m, a, (rank, _, right) in zip(mine, acc, places)],
-            [(left, a[(rank - step - 2) % p], None if work is None else
-              m[(rank - step - 2) % p])
-             for m, a, (rank, left, _) in zip(mine, acc, places)], op, slots)
-    # 2. my block of every view is complete (alone, out of place: it is my own)
-    for m, a, (rank, _, _) in zip(mine, acc, places, strict=True):
-        if p == 1:
-            place(a[rank], m[rank])
-        ops.finish(op, a[rank], p)
+    same ranks in lockstep (:func:`together`), each with its own blocks and ring
+    order."""
+    together(views, lambda ring: ring_reduce_scatter_steps(ring, buf, op, work))

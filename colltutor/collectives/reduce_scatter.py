@@ -211,8 +211,8 @@ def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = N
 def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
                        work: torch.Tensor | None = None, channels: int = 2) -> None:
     """:func:`ring` on ``channels`` (c) rings at once, ring j carrying piece j of every
-    block, each step posting the messages of every ring together
-    (:func:`~colltutor.collectives.at_once.ring_reduce_scatter`).
+    block, each ring a channel progressing on its own
+    (:func:`~colltutor.collectives.at_once.lanes`).
 
     Steps: ``p-1`` of ``c`` messages of ``n/(cp)``.  Cost (one link):
     ``(p-1) alpha + ((p-1)/p) n (beta + gamma)``; NCCL splits every collective
@@ -220,5 +220,7 @@ def multi_channel_ring(comm: Comm, buf: torch.Tensor, op: object,
     and, where it can, its own links: across nodes each ring is rail-matched
     (:mod:`~colltutor.collectives.rails`).  Chapter 11, What NCCL Runs.
     """
-    # 1. every channel's ring, step by step, all channels in each step
-    at_once.ring_reduce_scatter(rails.rings(comm, channels), buf, op, work)
+    # 1. every channel runs the ring reduce-scatter on its column, on its own
+    at_once.lanes(rails.rings(comm, channels),
+                  lambda view: at_once.ring_reduce_scatter_steps(view, buf, op, work),
+                  alone=lambda view: ring(view, buf, op, work))

@@ -8,6 +8,14 @@ messages into segments and reuse scratch memory, then post through the transport
 ``torch.distributed``) is the one every collective uses by default; another (MPI,
 a simulated cluster) is one file that implements the same four members, plus its
 entry in the backend registry (:mod:`colltutor.transports.backends`).
+
+A transport may also run channels separately
+(:func:`colltutor.collectives.at_once.lanes`) by having a ``lane(c)`` method: a context
+manager inside which what is posted (and reduced) is channel ``c``'s, on an endpoint of
+its own; the channels then run one after the other (the recording of a replay,
+:class:`colltutor.schedule.RecordingTransport`).  Without it, as on every live
+transport, the channels' steps are posted together, interleaved the same way on every
+rank.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ class Handle(Protocol):
 
 
 class Transport(Protocol):
-    """A group as the point-to-point layer sees it."""
+    """A group as the point-to-point layer sees it (optionally with ``lane(c)``, to
+    run channels separately: see above)."""
 
     rank: int
     """This process's rank in the group."""

@@ -4,14 +4,18 @@
 // The same simulation as colltutor/transports/simgrid.py (its World, SimTransport
 // and run()) on a platform built from a description that
 // colltutor/transports/simgrid_replay.py writes from the topology; each rank plays
-// its record (colltutor/schedule.py: POST, WAIT, REDUCE entries).  Two ways, same
+// its record (colltutor/schedule.py: POST, WAIT, REDUCE entries).  A record holds
+// one log per endpoint: endpoint e is lane e / ranks (a channel that progresses on
+// its own, colltutor/collectives/at_once.py's lanes) of rank e % ranks, on that
+// rank's host, started with that rank; below, "rank" in the engines means an
+// endpoint, and a connection joins two endpoints.  Two ways, same
 // simulated times: EventWorld (the default) makes each rank a state machine that
 // starts its messages and CPU time as SimGrid activities and moves on when they
 // complete, with no actor and no context switch; ActorWorld (--actors, the
 // cross-check) makes each rank an actor that makes, call for call, the S4U calls
 // the Python transport makes.
 //
-//   replay pairs SCHEDULE            the (sender, receiver) pairs the record uses
+//   replay pairs SCHEDULE            the (sender, receiver) rank pairs the record uses
 //   replay run JOB SCHEDULE [--actors] [--cfg=...]   the simulation; results on stdout
 //
 // JOB (text, one item per line): "semantics lockstep|fifo", "eager 0|1",
@@ -50,10 +54,11 @@ namespace {
 
 enum : int64_t { POST = 0, WAIT = 1, REDUCE = 2 };  // schedule.py's entry kinds
 
-struct Schedule {  // schedule.py's file: b"CTSCHED1", ranks, lengths, entries
+struct Schedule {  // schedule.py's file: b"CTSCHED2", ranks, endpoints, lengths, entries
   std::vector<int64_t> data;
-  std::vector<size_t> start;  // rank r's entries: data[start[r] .. start[r + 1])
-  size_t ranks() const { return start.size() - 1; }
+  std::vector<size_t> start;  // endpoint e's entries: data[start[e] .. start[e + 1])
+  size_t ranks = 0;           // endpoint e lives on rank e % ranks
+  size_t endpoints() const { return start.size() - 1; }
 };
 
 Schedule read_schedule(const std::string& path) {
@@ -61,14 +66,15 @@ Schedule read_schedule(const std::string& path) {
   if (f == nullptr)
     throw std::runtime_error("cannot open " + path);
   char magic[8];
-  int64_t ranks = 0;
-  if (std::fread(magic, 1, 8, f) != 8 || std::memcmp(magic, "CTSCHED1", 8) != 0 ||
-      std::fread(&ranks, 8, 1, f) != 1 || ranks < 0)
+  int64_t head[2] = {0, 0};  // ranks, endpoints
+  if (std::fread(magic, 1, 8, f) != 8 || std::memcmp(magic, "CTSCHED2", 8) != 0 ||
+      std::fread(head, 8, 2, f) != 2 || head[0] <= 0 || head[1] < head[0])
     throw std::runtime_error(path + " is not a colltutor schedule");
-  std::vector<int64_t> lengths(ranks);
-  if (std::fread(lengths.data(), 8, ranks, f) != static_cast<size_t>(ranks))
+  std::vector<int64_t> lengths(head[1]);
+  if (std::fread(lengths.data(), 8, head[1], f) != static_cast<size_t>(head[1]))
     throw std::runtime_error(path + " is cut short");
   Schedule s;
+  s.ranks = static_cast<size_t>(head[0]);
   s.start.push_back(0);
   for (int64_t n : lengths)
     s.start.push_back(s.start.back() + n);
@@ -103,6 +109,15 @@ struct Job {
   std::vector<double> late;           // by rank
   std::unordered_map<uint64_t, double> wire_latency;  // src * ranks + dst
   double speed = 1e18;
+
+  // endpoint e's host and late start: its rank's (e % ranks)
+  sg4::Host* host(size_t e) const { return hosts[e % hosts.size()]; }
+  double start(size_t e) const { return launch + late[e % late.size()]; }
+  double latency(size_t src, size_t dst) const {  // fifo: the wire's, by rank pair
+    size_t p = hosts.size();
+    auto found = wire_latency.find((src % p) * p + dst % p);
+    return found == wire_latency.end() ? 0.0 : found->second;
+  }
 };
 
 std::string word(std::ifstream& in, const char* expected) {
@@ -220,9 +235,9 @@ struct Handle {  // _Send, _Credit, _Recv of simgrid.py
 class Tally {
 public:
   explicit Tally(const Schedule& s) {
-    finished_.assign(s.ranks(), -1);
-    where_.assign(s.ranks(), 0);
-    for (size_t r = 0; r < s.ranks(); r++)
+    finished_.assign(s.endpoints(), -1);
+    where_.assign(s.endpoints(), 0);
+    for (size_t r = 0; r < s.endpoints(); r++)
       each_message(s, r, [this](int64_t, int64_t, bool send) { total_ += send; });
   }
 
@@ -264,12 +279,12 @@ protected:
 class ActorWorld : public Tally {  // one actor per rank, as simgrid.py runs them
 public:
   ActorWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
-    actors_.resize(s_.ranks());
+    actors_.resize(s_.endpoints());
   }
 
   void start() {
-    for (size_t r = 0; r < s_.ranks(); r++)
-      actors_[r] = sg4::Actor::create("rank" + std::to_string(r), job_.hosts[r],
+    for (size_t r = 0; r < s_.endpoints(); r++)
+      actors_[r] = sg4::Actor::create("rank" + std::to_string(r), job_.host(r),
                                       [this, r] { rank(r); });
   }
 
@@ -280,14 +295,13 @@ private:
   std::unordered_map<uint64_t, Connection> connections_;
 
   Connection& connection(size_t src, size_t dst) {  // World.box and World.credit
-    Connection& c = connections_[src * s_.ranks() + dst];
+    Connection& c = connections_[src * s_.endpoints() + dst];
     if (c.box == nullptr) {
       c.box = sg4::Mailbox::by_name(std::to_string(src) + ">" + std::to_string(dst));
       if (job_.eager)
         c.box->set_receiver(actors_[dst]);
       c.credits = sg4::Semaphore::create(job_.steps);
-      auto found = job_.wire_latency.find(src * s_.ranks() + dst);
-      c.latency = found == job_.wire_latency.end() ? 0.0 : found->second;
+      c.latency = job_.latency(src, dst);
     }
     return c;
   }
@@ -311,7 +325,7 @@ private:
     if (!c.ready) {
       c.ready = sg4::Semaphore::create(0);
       sg4::Actor::create("wire" + std::to_string(src) + ">" + std::to_string(dst),
-                         job_.hosts[src], [&c] { wire(c); });
+                         job_.host(src), [&c] { wire(c); });
     }
     c.queue.push_back(m);
     c.ready->release();
@@ -369,8 +383,8 @@ private:
 
   void rank(size_t r) {  // simgrid.run's actor with schedule.replayer's program
     double owed = 0;
-    if (job_.launch != 0 || job_.late[r] != 0)
-      sg4::this_actor::sleep_for(job_.launch + job_.late[r]);
+    if (job_.start(r) != 0)
+      sg4::this_actor::sleep_for(job_.start(r));
     const int64_t* log = s_.data.data() + s_.start[r];
     size_t n = s_.start[r + 1] - s_.start[r];
     size_t posted = 0;
@@ -523,8 +537,8 @@ public:
 class EventWorld : public Tally {
 public:
   EventWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
-    ranks_.resize(s_.ranks());
-    for (size_t r = 0; r < s_.ranks(); r++) {
+    ranks_.resize(s_.endpoints());
+    for (size_t r = 0; r < s_.endpoints(); r++) {
       ranks_[r].r = r;
       size_t posted = 0;
       each_message(s_, r, [&posted](int64_t, int64_t, bool) { posted++; });
@@ -535,8 +549,8 @@ public:
   void start() {
     sg4::Activity::on_completion_cb([this](sg4::Activity const& a) { completed(a); });
     simgrid::kernel::timer::Timer::set(0.0, [this] {
-      for (size_t r = 0; r < s_.ranks(); r++) {
-        double delay = job_.launch + job_.late[r];
+      for (size_t r = 0; r < s_.endpoints(); r++) {
+        double delay = job_.start(r);
         if (delay != 0)
           simgrid::kernel::timer::Timer::set(delay, [this, r] { woken(r); });
         else
@@ -557,13 +571,12 @@ private:
   MaestroList maestro_;
 
   Wire& wire(size_t src, size_t dst) {
-    Wire& w = wires_[src * s_.ranks() + dst];
+    Wire& w = wires_[src * s_.endpoints() + dst];
     if (w.from == nullptr) {
-      w.from = job_.hosts[src];
-      w.to = job_.hosts[dst];
+      w.from = job_.host(src);
+      w.to = job_.host(dst);
       w.credits = job_.steps;
-      auto found = job_.wire_latency.find(src * s_.ranks() + dst);
-      w.latency = found == job_.wire_latency.end() ? 0.0 : found->second;
+      w.latency = job_.latency(src, dst);
     }
     return w;
   }
@@ -679,7 +692,7 @@ private:
     if (k.owed == 0)
       return false;
     k.exec = sg4::Exec::init();
-    k.exec->set_flops_amount(k.owed)->set_host(job_.hosts[k.r]);
+    k.exec->set_flops_amount(k.owed)->set_host(job_.host(k.r));
     k.exec->set_data(static_cast<Waker*>(&k));
     k.owed = 0;
     k.exec->start();
@@ -824,15 +837,14 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 3 && std::string(argv[1]) == "pairs") {
       Schedule s = read_schedule(argv[2]);
-      for (size_t r = 0; r < s.ranks(); r++) {
-        std::set<int64_t> peers;
-        each_message(s, r, [&peers](int64_t peer, int64_t, bool send) {
+      std::set<std::pair<size_t, size_t>> pairs;  // by rank, whatever the lane
+      for (size_t e = 0; e < s.endpoints(); e++)
+        each_message(s, e, [&pairs, &s, e](int64_t peer, int64_t, bool send) {
           if (send)
-            peers.insert(peer);
+            pairs.emplace(e % s.ranks, static_cast<size_t>(peer) % s.ranks);
         });
-        for (int64_t peer : peers)
-          std::printf("%zu %" PRId64 "\n", r, peer);
-      }
+      for (auto [src, dst] : pairs)
+        std::printf("%zu %zu\n", src, dst);
       return 0;
     }
     if (argc < 4 || std::string(argv[1]) != "run") {
@@ -854,7 +866,7 @@ int main(int argc, char** argv) {
     sg4::Engine engine(&count, args.data());
     Schedule schedule = read_schedule(schedule_path);
     Job job = read_job(job_path);
-    if (job.hosts.size() != schedule.ranks())
+    if (job.hosts.size() != schedule.ranks)
       throw std::runtime_error("the job's ranks and the schedule's differ");
     if (actors) {
       ActorWorld world(schedule, std::move(job));

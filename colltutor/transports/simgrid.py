@@ -482,10 +482,13 @@ class SimulationError(RuntimeError):
 def run(topology: Any, program: Callable[..., Any], device: torch.device,
         switch: Callable[..., Any] | None = None,
         observer: Callable[[int], Any] | None = None,
-        late: dict[int, float] | None = None, semantics: str = "lockstep"
-        ) -> Outcome:
+        late: dict[int, float] | None = None, semantics: str = "lockstep",
+        endpoints: int | None = None) -> Outcome:
     """Run ``program(comm)`` as every rank of ``topology`` (and ``switch(comm)`` as
     two more ranks on the switch, for NVLink SHARP); once per process.
+    ``endpoints``: run it as that many actors instead, actor ``e`` on rank ``e %
+    ranks``'s host, starting with that rank (the lanes of a replayed record,
+    :func:`colltutor.schedule.record`).
 
     ``observer(rank)``, when given, makes an observer (a trace recorder) that sees
     every step of that rank (:func:`colltutor.p2p.observe`).  ``late``: ranks that
@@ -502,9 +505,14 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
                      latencies=semantics != "fifo")
     built = time.perf_counter() - start
     hosts += hosts[-1:] if switch else []  # the switch's second actor
+    p = topology.ranks
+    if endpoints is not None:
+        hosts = [hosts[e % p] for e in range(endpoints)]
     speed = 1 / topology.gamma if topology.gamma else 1e18
     world = World(sg, len(hosts), speed, topology.overhead, topology.eager, semantics)
     world.hosts, world.latency = hosts, functools.partial(route_latency, topology)
+    if endpoints is not None:
+        world.latency = lambda src, dst: route_latency(topology, src % p, dst % p)
     results: list[Any] = [None] * len(hosts)
     finished: list[float | None] = [None] * len(hosts)
     comms: list[Any] = [None] * len(hosts)
@@ -518,9 +526,10 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
                     stack.enter_context(p2p.observe(observer(rank)))
                 comm = comms[rank] = p2p.Comm(transport=transport,
                                               kind=backends.SIMULATED)
-            if topology.launch or late.get(rank):
-                sg.this_actor.sleep_for(topology.launch + late.get(rank, 0.0))
-            body = program if rank < topology.ranks else switch
+            wake = late.get(rank % p if endpoints else rank, 0.0)
+            if topology.launch or wake:
+                sg.this_actor.sleep_for(topology.launch + wake)
+            body = program if endpoints or rank < p else switch
             # every reduction of this rank costs its host's time
             with ops.combining(transport.combine if topology.gamma else None):
                 results[rank] = body(comm)

@@ -7,7 +7,9 @@ starts the activities :mod:`colltutor.transports.simgrid` starts from Python, at
 the same simulated instants: the same rendezvous, FIFO credits, wires,
 reductions and late starts, so the simulated times are the same.  Its ranks are
 state machines advanced by SimGrid's completion signals, not threads or actors,
-so a message costs a few microseconds.
+so a message costs a few microseconds.  A record's endpoints are its ranks and
+their lanes (:func:`colltutor.schedule.record`): each its own state machine on its
+rank's host.
 
 The program reads a platform description (:func:`describe`): hosts, links, and the
 routes of the (sender, receiver) pairs the record uses, exactly as
@@ -203,7 +205,8 @@ def job(topology: Any, pairs: list[tuple[int, int]], semantics: str,
 
 
 def pairs(binary: pathlib.Path, schedule: pathlib.Path) -> list[tuple[int, int]]:
-    """The (sender, receiver) pairs of the record in the file ``schedule``."""
+    """The (sender, receiver) rank pairs of the record in the file ``schedule``
+    (the lanes of a rank share its host and its routes)."""
     done = subprocess.run([str(binary), "pairs", str(schedule)], capture_output=True,
                           text=True)
     if done.returncode != 0:
@@ -254,8 +257,10 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
                                   f"{code}):\n{''.join(errors[-20:])}")
     stuck = [int(n) for n in fields["stuck"][1:]]
     if stuck:
-        where = "; ".join(f"rank {r} at entry {i} of its record"
-                          for r, i in zip(stuck[::2][:8], stuck[1::2]))
+        p = topology.ranks  # endpoint e: lane e // p of rank e % p
+        where = "; ".join(f"rank {e % p}{f' (lane {e // p})' if e >= p else ''} at "
+                          f"entry {i} of its record"
+                          for e, i in zip(stuck[::2][:8], stuck[1::2]))
         raise sim.SimulationError(f"deadlock: {len(stuck) // 2} simulated rank(s) "
                                   f"never finished ({where})")
     return sim.Outcome(float(fields["seconds"][0]), [None] * topology.ranks,
