@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import guards, ops, registry, runtime
+from colltutor import contract, guards, ops, registry, runtime
 from colltutor.transports import nccl_rules
 
 R = dist.ReduceOp
@@ -38,8 +38,7 @@ INTS = (torch.int32, torch.int64, torch.uint8)
 FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)
 INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
 LARGE_DTYPES = (torch.float32, torch.int32)  # the 65537-element cases: two, for time
-NATIVE = (*registry.COLLECTIVES, "all_gather_into_tensor", "reduce_scatter_tensor",
-          "all_to_all_single")
+NATIVE = contract.FUNCTIONS
 """The torch.distributed functions that are forbidden while colltutor runs, one
 per collective (torch names them alike) and the tensor spellings."""
 

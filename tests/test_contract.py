@@ -1,0 +1,113 @@
+"""Each collective described once (colltutor.contract): every public spelling works
+wherever a collective's name is accepted, and the described cases hold."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor import api, contract, cost, demo, nccl_model, p2p, registry, trace
+from colltutor.ops import ReduceOp
+
+SPELLINGS = list(contract.SPELLINGS)
+
+
+def test_every_public_collective_is_described():
+    """The spellings are the public functions whose parameters follow torch's: each
+    is exported under its name, and every role names a parameter of torch's
+    function of the same name."""
+    for name, spelling in contract.SPELLINGS.items():
+        assert name in colltutor.__all__ and callable(getattr(colltutor, name))
+        ours = set(inspect.signature(getattr(api, name)).parameters)
+        torchs = set(inspect.signature(getattr(dist, name)).parameters)
+        roles = {spelling.main, *spelling.tensors, *spelling.lists,
+                 *spelling.written} - {None}
+        assert roles <= ours & torchs, (name, roles - (ours & torchs))
+        assert spelling.collective in contract.COLLECTIVES
+    guarded = {getattr(api, name).__name__ for name in colltutor.__all__
+               if getattr(getattr(api, name, None), "__wrapped__", None)}
+    assert guarded == set(contract.FUNCTIONS)
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_spelling_names_its_collective_everywhere(spelling):
+    """``algorithms``, the registry, the cost model, NCCL's model, ``use``, the
+    trace and the demo's command line take every spelling alike."""
+    name = contract.collective(spelling)
+    assert colltutor.algorithms(spelling) == colltutor.algorithms(name)
+    assert registry.find(spelling) is registry.find(name)
+    assert contract.describe(spelling) is contract.COLLECTIVES[name]
+    first = colltutor.algorithms(name)[0]
+    assert cost.counts(spelling, first, 4, 64) == cost.counts(name, first, 4, 64)
+    assert cost.terms(spelling, first, 4, 1024) == cost.terms(name, first, 4, 1024)
+    if name in nccl_model.FUNCTIONS:
+        assert nccl_model.function(spelling) == name
+    last = colltutor.algorithms(name)[-1]
+    with colltutor.use(**{spelling: last}):
+        assert api._choose(name, None, 1024, 4)[0] == last
+    assert trace._case(4, spelling)[0] == name
+    assert demo.parser().parse_args([spelling]).collective == name
+
+
+def test_an_unknown_spelling_is_refused_with_the_choices():
+    for accepts in (colltutor.algorithms, contract.collective,
+                    lambda name: cost.counts(name, "ring", 4, 64)):
+        with pytest.raises(ValueError, match="unknown collective 'allgather_into'.*"
+                                             "broadcast.*all_gather_into_tensor"):
+            accepts("allgather_into")
+    with pytest.raises(SystemExit):
+        demo.parser().parse_args(["allgather_into"])
+
+
+def _every_collective(p: int) -> list[tuple[str, bool]]:
+    """On each rank: every collective's first algorithm on the described buffers,
+    checked against the described result (uneven counts, root 1)."""
+    comm, out = p2p.Comm(), []
+    for name, described in contract.COLLECTIVES.items():
+        if name == "all_to_all":
+            def data(r: int) -> list[torch.Tensor]:
+                return [torch.arange(r + s + 1.0) * (r + 1) for s in range(p)]
+        else:
+            def data(r: int) -> torch.Tensor:
+                return torch.arange(2.0 * p + 1) % 5 + r
+        fn = registry.table(name)[colltutor.algorithms(name)[0]]
+        bufs = described.buffers(data, comm.rank, p, root=1, fill=-1)
+        described.call(fn, comm, bufs, ReduceOp.MAX, root=1)
+        got = described.result(bufs, comm.rank, p)
+        want = described.expected(data, comm.rank, p, ReduceOp.MAX, root=1)
+        if want is None:  # a barrier, a gather off the root: nothing promised
+            continue
+        if name == "all_to_all":
+            out.append((name, all(map(torch.equal, got, want))))
+        else:
+            out.append((name, torch.equal(got, want)))
+    return out
+
+
+def test_the_described_cases_hold_on_three_ranks():
+    for rank, results in enumerate(colltutor.run(_every_collective, 3, 3)):
+        assert [name for name, ok in results if not ok] == [], rank
+
+
+def test_expected_results_are_the_contracts_in_plain_torch():
+    """A check of the checker: closed forms on small inputs."""
+    p = 3
+    data = [torch.tensor([1.0, 2, 3]), torch.tensor([4.0, 5, 6]),
+            torch.tensor([7.0, 8, 9])]
+    c = contract.COLLECTIVES
+    assert torch.equal(c["all_reduce"].expected(data.__getitem__, 0, p, ReduceOp.SUM),
+                       torch.tensor([12.0, 15, 18]))
+    assert torch.equal(c["reduce_scatter"].expected(data.__getitem__, 2, p,
+                                                    ReduceOp.AVG), torch.tensor([6.0]))
+    assert torch.equal(c["reduce"].expected(data.__getitem__, 2, p, ReduceOp.SUM,
+                                            root=0), data[2])
+    assert torch.equal(c["all_gather"].expected(data.__getitem__, 1, p),
+                       torch.tensor([1.0, 5, 9]))
+    assert c["gather"].expected(data.__getitem__, 1, p, root=0) is None
+    assert torch.equal(c["scatter"].expected(data.__getitem__, 1, p, root=2),
+                       torch.tensor([8.0]))
+    assert c["barrier"].expected(data.__getitem__, 0, p) is None
