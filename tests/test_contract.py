@@ -10,7 +10,17 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import api, contract, cost, demo, nccl_model, p2p, registry, trace
+from colltutor import (
+    api,
+    contract,
+    cost,
+    demo,
+    nccl_model,
+    p2p,
+    registry,
+    selftest,
+    trace,
+)
 from colltutor.ops import ReduceOp
 
 SPELLINGS = list(contract.SPELLINGS)
@@ -30,7 +40,7 @@ def test_every_public_collective_is_described():
         assert spelling.collective in contract.COLLECTIVES
     guarded = {getattr(api, name).__name__ for name in colltutor.__all__
                if getattr(getattr(api, name, None), "__wrapped__", None)}
-    assert guarded == set(contract.FUNCTIONS)
+    assert guarded == set(contract.FUNCTIONS) == set(selftest.CASES)
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
