@@ -122,33 +122,6 @@ def whole(views: Sequence[torch.Tensor]) -> torch.Tensor:
     return views[0]._base
 
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("broadcast", "fn(comm, buf, root): root's buf ends in every rank's buf",
-               3, rooted=True),
-    Collective("reduce", "fn(comm, buf, op, root): root's buf = op over every buf; "
-               "other ranks' bufs left unchanged", 3, rooted=True, reducing=True),
-    Collective("scatter", "fn(comm, buf, root): root's buf holds p blocks; on exit "
-               "every rank's own block equals root's block for it", 4, rooted=True,
-               scatters=True),
-    Collective("gather", "fn(comm, buf, root): buf holds p blocks, own block valid; "
-               "on exit root's buf holds every rank's own block", 4, rooted=True,
-               gathers=True),
-    Collective("all_gather", "fn(comm, buf): own block valid on entry; every block "
-               "valid on exit", 5, gathers=True),
-    Collective("reduce_scatter", "fn(comm, buf, op): own block of buf ends as that "
-               "block reduced over every rank", 5, reducing=True, scatters=True),
-    Collective("all_reduce", "fn(comm, buf, op): every buf = op over every buf", 6,
-               reducing=True),
-    Collective("all_to_all", "fn(comm, outputs, inputs): outputs[s] on rank r "
-               "receives rank s's inputs[r] (lists of p flat tensors, sizes may "
-               "differ)", 7),
-    Collective("barrier", "fn(comm): no rank leaves before every rank has entered",
-               8, itemsize=1),
-)}
-"""The nine collectives, in the order the book teaches them (a "block" is
-``p2p.blocks(buf, p)[i]``)."""
-
-
 @dataclass(frozen=True)
 class Spelling:
     """One public function of a collective and the roles of its arguments, by
@@ -208,6 +181,33 @@ FUNCTIONS: tuple[str, ...] = tuple(
     name for name, s in SPELLINGS.items() if s.renames is None and not s.coalesced)
 """The public functions that take their own arguments: every spelling but the
 renames and the coalesced calls, which call one of these."""
+
+
+COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
+    Collective("broadcast", "fn(comm, buf, root): root's buf ends in every rank's buf",
+               3, rooted=True),
+    Collective("reduce", "fn(comm, buf, op, root): root's buf = op over every buf; "
+               "other ranks' bufs left unchanged", 3, rooted=True, reducing=True),
+    Collective("scatter", "fn(comm, buf, root): root's buf holds p blocks; on exit "
+               "every rank's own block equals root's block for it", 4, rooted=True,
+               scatters=True),
+    Collective("gather", "fn(comm, buf, root): buf holds p blocks, own block valid; "
+               "on exit root's buf holds every rank's own block", 4, rooted=True,
+               gathers=True),
+    Collective("all_gather", "fn(comm, buf): own block valid on entry; every block "
+               "valid on exit", 5, gathers=True),
+    Collective("reduce_scatter", "fn(comm, buf, op): own block of buf ends as that "
+               "block reduced over every rank", 5, reducing=True, scatters=True),
+    Collective("all_reduce", "fn(comm, buf, op): every buf = op over every buf", 6,
+               reducing=True),
+    Collective("all_to_all", "fn(comm, outputs, inputs): outputs[s] on rank r "
+               "receives rank s's inputs[r] (lists of p flat tensors, sizes may "
+               "differ)", 7),
+    Collective("barrier", "fn(comm): no rank leaves before every rank has entered",
+               8, itemsize=1),
+)}
+"""The nine collectives, in the order the book teaches them (a "block" is
+``p2p.blocks(buf, p)[i]``)."""
 
 
 def collective(name: str) -> str:
