@@ -12,6 +12,7 @@ import torch.distributed as dist
 import colltutor
 from colltutor import (
     api,
+    bench,
     contract,
     cost,
     demo,
@@ -19,9 +20,11 @@ from colltutor import (
     p2p,
     registry,
     selftest,
+    simulate,
     trace,
 )
 from colltutor.ops import ReduceOp
+from colltutor.transports import simgrid
 
 SPELLINGS = list(contract.SPELLINGS)
 
@@ -121,3 +124,20 @@ def test_expected_results_are_the_contracts_in_plain_torch():
     assert torch.equal(c["scatter"].expected(data.__getitem__, 1, p, root=2),
                        torch.tensor([8.0]))
     assert c["barrier"].expected(data.__getitem__, 0, p) is None
+
+
+@pytest.mark.skipif(not simgrid.available(), reason=simgrid.INSTALL)
+@pytest.mark.parametrize("spelling", [s for s in SPELLINGS
+                                      if s not in contract.COLLECTIVES])
+def test_every_spelling_simulates_as_its_collective(spelling, capsys):
+    name = contract.collective(spelling)
+    result = colltutor.simulate(spelling, 64, "star:2", trace=False)
+    assert result.collective == name and result.correct
+    assert simulate.main([spelling, "64", "star:2"]) == 0
+    assert capsys.readouterr().out.startswith(f"# {name} of 64 B on star:2")
+
+
+def test_the_bench_command_line_names_the_spellings_it_takes():
+    with pytest.raises(SystemExit, match="unknown collective 'allgather'.*"
+                                         "all_gather_into_tensor"):
+        bench.main(["-c", "allgather"])
