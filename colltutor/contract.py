@@ -101,7 +101,7 @@ class Collective:
             return None
         if self.name == "all_to_all":
             return [data(s)[rank] for s in range(p)]
-        if self.reducing and self.name == "reduce" and rank != root:
+        if self.name == "reduce" and rank != root:
             return data(rank)  # other ranks' buffers are left as they were
         if self.reducing:
             total = data(0).clone()

@@ -487,9 +487,7 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     or colltutor's own choice).  A simulated cluster of hundreds of ranks takes
     a minute or more of real time.
     """
-    if collective not in SIGNATURES:
-        raise ValueError(f"unknown collective {collective!r}; choose from "
-                         f"{', '.join(SIGNATURES)}")
+    collective = contract.collective(collective)  # any public spelling
     if expect is not None and expect not in registry.find(collective):
         raise ValueError(f"{collective} has no algorithm {expect!r}; choose from "
                          f"{', '.join(registry.find(collective))}")

@@ -141,3 +141,11 @@ def test_the_bench_command_line_names_the_spellings_it_takes():
     with pytest.raises(SystemExit, match="unknown collective 'allgather'.*"
                                          "all_gather_into_tensor"):
         bench.main(["-c", "allgather"])
+
+
+def test_the_grader_checks_an_algorithm_under_any_spelling():
+    from colltutor.solutions.allgather_reduce_scatter import ring_all_gather
+
+    report = colltutor.check(ring_all_gather, "all_gather_into_tensor",
+                             world_sizes=(3,), expect="ring")
+    assert report and report.collective == "all_gather", report.message
