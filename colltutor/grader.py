@@ -12,8 +12,9 @@ or ``colltutor.send/recv/isend/irecv``.  Built-in collectives (``dist.all_reduce
 The check runs the function on several world sizes (1, 2, 3, 4, 5 and 8 ranks by
 default: powers of two and not), one :func:`colltutor.run` per world size, over cases
 that sweep element counts (0, 1, p-1, non-divisible, large), roots, dtypes and
-reduce ops.  Expected results come from ``torch.distributed`` itself (gloo), run
-before the learner's code.  The :class:`Report` names the *first* failing case in
+reduce ops.  Expected results are torch.distributed's, computed in plain torch from
+every rank's inputs (:meth:`colltutor.contract.Collective.expected`; the tests hold
+them against torch.distributed's own collectives).  The :class:`Report` names the *first* failing case in
 plain words: world size, rank, expected against received values, and a hint where
 the values show a classic mistake.  A deadlock is reported within ``timeout``
 seconds with the call every rank was blocked in.  With ``expect=`` the messages
