@@ -10,19 +10,20 @@ or ``colltutor.send/recv/isend/irecv``.  Built-in collectives (``dist.all_reduce
 ``colltutor.all_reduce``, colltutor's own algorithms) are refused with a clear error.
 
 The check runs the function on several world sizes (1, 2, 3, 4, 5 and 8 ranks by
-default: powers of two and not), one :func:`colltutor.run` per world size, over cases
-that sweep element counts (0, 1, p-1, non-divisible, large), roots, dtypes and
+default: powers of two and not), one :func:`colltutor.run` per world size, over
+cases that sweep element counts (0, 1, p-1, non-divisible, large), roots, dtypes and
 reduce ops.  Expected results are torch.distributed's, computed in plain torch from
 every rank's inputs (:meth:`colltutor.contract.Collective.expected`; the tests hold
-them against torch.distributed's own collectives).  The :class:`Report` names the *first* failing case in
-plain words: world size, rank, expected against received values, and a hint where
-the values show a classic mistake.  A deadlock is reported within ``timeout``
-seconds with the call every rank was blocked in.  With ``expect=`` the messages
-of the first case are compared with :func:`colltutor.cost.counts`'s closed forms,
-which tells a ring from a naive ring.  With ``simulate="h100-cluster:32"`` a solution
-that passes also runs on a simulated cluster of 256 GPUs (:func:`colltutor.simulate`),
-checked there too, and the report prints its simulated busbw beside the reference
-algorithm's (Chapter 12).  Chapters 3-8 end with exercises that use it.
+them against torch.distributed's own collectives).  The :class:`Report` names the
+*first* failing case in plain words: world size, rank, expected against received
+values, and a hint where the values show a classic mistake.  A deadlock is reported
+within ``timeout`` seconds with the call every rank was blocked in.  With
+``expect=`` the messages of the first case are compared with
+:func:`colltutor.cost.counts`'s closed forms, which tells a ring from a naive ring.
+With ``simulate="h100-cluster:32"`` a solution that passes also runs on a simulated
+cluster of 256 GPUs (:func:`colltutor.simulate`), checked there too, and the report
+prints its simulated busbw beside the reference algorithm's (Chapter 12).  Chapters
+3-8 end with exercises that use it.
 """
 
 from __future__ import annotations
