@@ -11,6 +11,7 @@ This module sits under everything else: it imports only torch and :mod:`ops`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -223,3 +224,12 @@ def collective(name: str) -> str:
 def describe(name: str) -> Collective:
     """The :class:`Collective` that the public spelling ``name`` calls."""
     return COLLECTIVES[collective(name)]
+
+
+def argument(name: str) -> str:
+    """:func:`collective` as a command line's ``type=``, so that argparse shows the
+    error's own words (the choices)."""
+    try:
+        return collective(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -160,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
                     "Under torchrun, the ranks are torchrun's processes.",
         epilog=f"collectives and their algorithms:\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("collective", type=contract.collective, choices=COLLECTIVES,
+    p.add_argument("collective", type=contract.argument, choices=COLLECTIVES,
                    metavar="COLLECTIVE", help="one of: " + ", ".join(COLLECTIVES)
                    + " (or another public spelling)")
     p.add_argument("--algorithm", "-a", default=None,

@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     from colltutor.bench import human, parse_size
 
     ap = argparse.ArgumentParser(prog="colltutor simulate", description=main.__doc__)
-    ap.add_argument("collective", type=contract.collective,  # any public spelling
+    ap.add_argument("collective", type=contract.argument,  # any public spelling
                     choices=list(registry.COLLECTIVES))
     ap.add_argument("size", type=parse_size, help="bytes: 1024, 64K, 1G")
     ap.add_argument("topology", help=", ".join(topologies.topologies()))

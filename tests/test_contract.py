@@ -66,7 +66,7 @@ def test_every_spelling_names_its_collective_everywhere(spelling):
     assert demo.parser().parse_args([spelling]).collective == name
 
 
-def test_an_unknown_spelling_is_refused_with_the_choices():
+def test_an_unknown_spelling_is_refused_with_the_choices(capsys):
     for accepts in (colltutor.algorithms, contract.collective,
                     lambda name: cost.counts(name, "ring", 4, 64)):
         with pytest.raises(ValueError, match="unknown collective 'allgather_into'.*"
@@ -74,6 +74,7 @@ def test_an_unknown_spelling_is_refused_with_the_choices():
             accepts("allgather_into")
     with pytest.raises(SystemExit):
         demo.parser().parse_args(["allgather_into"])
+    assert "unknown collective 'allgather_into'; choose from" in capsys.readouterr().err
 
 
 def _every_collective(p: int) -> list[tuple[str, bool]]:
