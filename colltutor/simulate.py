@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -466,10 +466,27 @@ def _data(rank: int, count: int, dtype: torch.dtype, device: torch.device
 def _inputs(collective: str, p: int, count: int, dtype: torch.dtype,
             device: torch.device) -> contract.Data:
     """Every rank's data (:data:`colltutor.contract.Data`): :func:`_data`, and for an
-    all-to-all ``count // p`` elements to each rank."""
+    all-to-all ``count // p`` elements to each rank, each block made when read
+    (a rank reads p blocks of its own and one of every other rank's)."""
     if collective == "all_to_all":
-        return lambda r: [_data(r * p + s, count // p, dtype, device) for s in range(p)]
+        return lambda r: _Sends(r, p, count // p, dtype, device)
     return lambda r: _data(r, count, dtype, device)
+
+
+class _Sends(Sequence):
+    """The blocks rank ``r`` sends in an all-to-all, made when read."""
+
+    def __init__(self, r: int, p: int, block: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.r, self.p, self.block, self.dtype, self.device = r, p, block, dtype, device
+
+    def __len__(self) -> int:
+        return self.p
+
+    def __getitem__(self, s: int) -> torch.Tensor:
+        if not 0 <= s < self.p:
+            raise IndexError(s)
+        return _data(self.r * self.p + s, self.block, self.dtype, self.device)
 
 
 def buffers(collective: str, rank: int, p: int, count: int, dtype: torch.dtype,
