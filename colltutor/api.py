@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from colltutor import collectives, guards, ops, registry, tuning  # noqa: F401
+from colltutor import collectives, contract, guards, ops, registry, tuning  # noqa: F401
 from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
 from colltutor.transports import backends, nccl_rules
 
@@ -65,7 +65,8 @@ class use:  # noqa: N801 (a function to its callers; a class to be a context too
                 raise ValueError(f"{collective} has no algorithm {choice!r}; choose "
                                  f"from {', '.join(table)}")
         self.before = dict(_chosen)
-        for collective, choice in choices.items():
+        for spelling, choice in choices.items():
+            collective = contract.collective(spelling)  # one choice for every spelling
             if choice is None:
                 _chosen.pop(collective, None)
             else:
@@ -83,7 +84,7 @@ def _choose(collective: str, algorithm: str | None, nbytes: int | None, size: in
             ) -> tuple[str, Callable]:
     """The algorithm a call runs, and its name: ``algorithm=``, else the one
     :func:`use` chose, else :mod:`colltutor.tuning`'s default for the size."""
-    kind = guards.table_name(collective)  # all_gather_into_tensor -> all_gather
+    kind = contract.collective(collective)  # all_gather_into_tensor -> all_gather
     table = registry.find(kind)
     name = algorithm or _chosen.get(kind) or tuning.choose(kind, nbytes, size)
     if callable(name):

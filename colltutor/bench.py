@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from colltutor import registry
+from colltutor import contract, registry
 from colltutor.api import synchronize
 from colltutor.runtime import device
 from colltutor.transports import backends
@@ -613,10 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.fit:
         return fit(args)
-    collectives = COLLECTIVES if args.collective == "all" else (args.collective,)
-    for c in collectives:
-        if c not in COLLECTIVES:
-            raise SystemExit(f"bench: unknown collective {c!r}")
+    try:  # any public spelling: all_gather_into_tensor benchmarks all_gather
+        collectives = COLLECTIVES if args.collective == "all" else (
+            contract.collective(args.collective),)
+    except ValueError as error:
+        raise SystemExit(f"bench: {error}") from None
     grid = sizes(parse_size(args.begin), parse_size(args.end), args.factor)
     options = {"iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
                "op": args.op, "check": not args.no_check,

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from colltutor import collectives, registry  # noqa: F401  (declares the algorithms)
+from colltutor import collectives, contract, registry  # noqa: F401  (declares the algorithms)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def counts(collective: str, algorithm: str, p: int, count: int, itemsize: int = 
     says otherwise, whatever ``LOCAL_WORLD_SIZE`` is."""
     if p == 1:
         return Counts(0, 0, 0, 0, 0)
-    itemsize = registry.COLLECTIVES[collective].itemsize or itemsize
+    itemsize = contract.describe(collective).itemsize or itemsize
     declared = registry.find(collective)[algorithm]
     rounds, per = declared.counts(p, count, count // p, itemsize, **params)
     messages = [m for m, _ in per]

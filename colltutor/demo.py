@@ -21,7 +21,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from colltutor.registry import COLLECTIVES as _DECLARED
+from colltutor import contract
+from colltutor.contract import COLLECTIVES as _DECLARED
 from colltutor.transports import backends
 
 COLLECTIVES = tuple(_DECLARED)
@@ -70,21 +71,6 @@ def _inputs(rank: int, size: int, count: int, collective: str, dtype) -> Any:
     return ((rank + 1) * base + torch.arange(length)).to(dtype)
 
 
-def _reduce(op: str, tensors: list) -> Any:
-    import torch
-
-    stacked = torch.stack(tensors)
-    if op == "sum":
-        return stacked.sum(0)
-    if op == "product":
-        return stacked.prod(0)
-    if op == "min":
-        return stacked.min(0).values
-    if op == "max":
-        return stacked.max(0).values
-    return stacked.sum(0) / len(tensors)
-
-
 def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
     """One rank's part: run the collective, return (input, result, matches)."""
     import torch
@@ -100,51 +86,59 @@ def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
     extra: dict[str, Any] = {"algorithm": args.algorithm} if ours else {}
     if name in REDUCING:
         extra["op"] = getattr(dist.ReduceOp, args.op.upper())
-    shown_input, expected = x, None
+    shown_input = x
     if name == "broadcast":
         result = x.clone()
         fn(result, src=root, **extra)
-        expected = every[root]
     elif name == "reduce":
         result = x.clone()
         fn(result, dst=root, **extra)
-        expected = _reduce(args.op, every) if rank == root else x
-        if not ours and rank != root:
-            expected = None  # torch's gloo reduce leaves scratch values there
     elif name == "all_reduce":
         result = x.clone()
         fn(result, **extra)
-        expected = _reduce(args.op, every)
     elif name == "gather":
         parts = [torch.empty_like(x) for _ in range(size)] if rank == root else None
         fn(x, gather_list=parts, dst=root, **extra)
         result = torch.cat(parts) if parts is not None else None
-        expected = torch.cat(every) if rank == root else None
     elif name == "scatter":
         result = torch.empty(count, dtype=dtype, device=device)
         parts = list(x.chunk(size)) if rank == root else None
         fn(result, scatter_list=parts, src=root, **extra)
         shown_input = x if rank == root else None
-        expected = every[root].chunk(size)[rank]
     elif name == "all_gather":
         parts = [torch.empty_like(x) for _ in range(size)]
         fn(parts, x, **extra)
-        result, expected = torch.cat(parts), torch.cat(every)
+        result = torch.cat(parts)
     elif name == "reduce_scatter":
         result = torch.empty(count, dtype=dtype, device=device)
         fn(result, list(x.chunk(size)), **extra)
-        expected = _reduce(args.op, [t.chunk(size)[rank] for t in every])
     elif name == "all_to_all":
         parts = [torch.empty(count, dtype=dtype, device=device) for _ in range(size)]
         fn(parts, list(x.chunk(size)), **extra)
         result = torch.cat(parts)
-        expected = torch.cat([t.chunk(size)[rank] for t in every])
     else:
         fn(**extra)
         return "-", "passed the barrier", True
+    expected = _expected(name, every, rank, extra.get("op"), root)
+    if name == "reduce" and not ours and rank != root:
+        expected = None  # torch's gloo reduce leaves scratch values there
     ok = expected is None or torch.allclose(result.cpu().double(),
                                             expected.double())
     return _show(shown_input), _show(result), ok
+
+
+def _expected(name: str, every: list, rank: int, op: Any, root: int) -> Any:
+    """The answer from every rank's input (:mod:`colltutor.contract`), where a
+    gather's algorithms see each input as the own block of a whole buffer."""
+    import torch
+
+    described, size = _DECLARED[name], len(every)
+    if name == "all_to_all":
+        want = described.expected(lambda r: list(every[r].chunk(size)), rank, size)
+        return torch.cat(want)
+    return described.expected(
+        lambda r: every[r].repeat(size) if described.gathers else every[r],
+        rank, size, op, root)
 
 
 def _show(t: Any) -> str:
@@ -165,8 +159,9 @@ def parser() -> argparse.ArgumentParser:
                     "Under torchrun, the ranks are torchrun's processes.",
         epilog=f"collectives and their algorithms:\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("collective", choices=COLLECTIVES, metavar="COLLECTIVE",
-                   help="one of: " + ", ".join(COLLECTIVES))
+    p.add_argument("collective", type=contract.argument, choices=COLLECTIVES,
+                   metavar="COLLECTIVE", help="one of: " + ", ".join(COLLECTIVES)
+                   + " (or another public spelling)")
     p.add_argument("--algorithm", "-a", default=None,
                    help="algorithm name (default: colltutor's choice)")
     p.add_argument("--world-size", "-n", type=int, default=4,

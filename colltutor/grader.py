@@ -10,18 +10,20 @@ or ``colltutor.send/recv/isend/irecv``.  Built-in collectives (``dist.all_reduce
 ``colltutor.all_reduce``, colltutor's own algorithms) are refused with a clear error.
 
 The check runs the function on several world sizes (1, 2, 3, 4, 5 and 8 ranks by
-default: powers of two and not), one :func:`colltutor.run` per world size, over cases
-that sweep element counts (0, 1, p-1, non-divisible, large), roots, dtypes and
-reduce ops.  Expected results come from ``torch.distributed`` itself (gloo), run
-before the learner's code.  The :class:`Report` names the *first* failing case in
-plain words: world size, rank, expected against received values, and a hint where
-the values show a classic mistake.  A deadlock is reported within ``timeout``
-seconds with the call every rank was blocked in.  With ``expect=`` the messages
-of the first case are compared with :func:`colltutor.cost.counts`'s closed forms,
-which tells a ring from a naive ring.  With ``simulate="h100-cluster:32"`` a solution
-that passes also runs on a simulated cluster of 256 GPUs (:func:`colltutor.simulate`),
-checked there too, and the report prints its simulated busbw beside the reference
-algorithm's (Chapter 12).  Chapters 3-8 end with exercises that use it.
+default: powers of two and not), one :func:`colltutor.run` per world size, over
+cases that sweep element counts (0, 1, p-1, non-divisible, large), roots, dtypes and
+reduce ops.  Expected results are torch.distributed's, computed in plain torch from
+every rank's inputs (:meth:`colltutor.contract.Collective.expected`; the tests hold
+them against torch.distributed's own collectives).  The :class:`Report` names the
+*first* failing case in plain words: world size, rank, expected against received
+values, and a hint where the values show a classic mistake.  A deadlock is reported
+within ``timeout`` seconds with the call every rank was blocked in.  With
+``expect=`` the messages of the first case are compared with
+:func:`colltutor.cost.counts`'s closed forms, which tells a ring from a naive ring.
+With ``simulate="h100-cluster:32"`` a solution that passes also runs on a simulated
+cluster of 256 GPUs (:func:`colltutor.simulate`), checked there too, and the report
+prints its simulated busbw beside the reference algorithm's (Chapter 12).  Chapters
+3-8 end with exercises that use it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.distributed as dist
 
 from colltutor import (  # noqa: F401
     collectives,
+    contract,
     guards,
     native,
     ops,
@@ -148,12 +151,9 @@ class CheckFailure(RuntimeError):
 _local = threading.local()
 
 
-NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-          "all_gather_object", "gather", "gather_object", "scatter",
-          "scatter_object_list",
-          "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-          "barrier", "broadcast_object_list", "monitored_barrier",
-          "all_gather_single", "reduce_scatter_single")
+NATIVE = (*(name for name, s in contract.SPELLINGS.items() if not s.coalesced),
+          "all_gather_object", "gather_object", "scatter_object_list",
+          "broadcast_object_list", "monitored_barrier")
 
 
 def _refusal(call: str) -> CheckFailure:
@@ -238,42 +238,18 @@ def _route() -> list[tuple[object, str, object]]:
 
 
 def _expected(collective: str, case: Case, rank: int, p: int) -> dict:
-    """The inputs of ``case`` on this rank and what it must hold afterwards,
-    computed with torch.distributed's own collectives (gloo)."""
-    mine = _values(case, rank)
-    if collective == "barrier":
-        return {}
+    """Every rank's input of ``case`` (``data``), this rank's (``mine``), its ``op``
+    and what this rank must hold afterwards (``want``, in plain torch)."""
     if collective == "all_to_all":
-        inputs = [_values(Case(case.index, case.dtype, _a2a_size(case, rank, s)),
-                          rank) for s in range(p)]
-        want = [_values(Case(case.index, case.dtype, _a2a_size(case, s, rank)), s)
-                for s in range(p)]
-        return {"inputs": inputs, "want": want}
-    if collective in _REDUCING:
-        total = mine.clone()
-        op = getattr(ops.ReduceOp, "SUM" if case.op == "AVG" else case.op)
-        dist.all_reduce(total, op=op)
-        if case.op == "AVG":
-            total = total / p
-        if collective == "reduce_scatter":
-            total = p2p.blocks(total, p)[rank]
-        elif collective == "reduce" and rank != case.root:
-            total = mine.clone()
-        return {"mine": mine, "want": total}
-    if collective == "broadcast":
-        want = mine.clone()
-        dist.broadcast(want, case.root)
-        return {"mine": mine, "want": want}
-    everyone = [torch.empty_like(mine) for _ in range(p)]
-    dist.all_gather(everyone, mine)
-    own = [p2p.blocks(t, p)[s] for s, t in enumerate(everyone)]
-    if collective == "scatter":
-        want = p2p.blocks(everyone[case.root], p)[rank]
-    elif collective == "gather" and rank != case.root:
-        want = None
-    else:  # gather at the root, all_gather
-        want = torch.cat(own)
-    return {"mine": mine, "want": want}
+        def data(r: int) -> list[torch.Tensor]:
+            return [_values(Case(case.index, case.dtype, _a2a_size(case, r, s)), r)
+                    for s in range(p)]
+    else:
+        def data(r: int) -> torch.Tensor:
+            return _values(case, r)
+    op = None if case.op is None else getattr(ops.ReduceOp, case.op)
+    want = registry.COLLECTIVES[collective].expected(data, rank, p, op, case.root)
+    return {"data": data, "mine": data(rank), "op": op, "want": want}
 
 
 def _call(fn: Callable, collective: str, case: Case, comm: p2p.Comm, data: dict
@@ -281,21 +257,10 @@ def _call(fn: Callable, collective: str, case: Case, comm: p2p.Comm, data: dict
     """Set up the learner's buffers for ``case``, call ``fn``; return what to
     compare and the tensor that should equal it."""
     rank, p = comm.rank, comm.size
-    if collective == "barrier":
-        return None, None
-    if collective == "all_to_all":
-        outputs = [torch.full((t.numel(),), _SENTINEL, dtype=t.dtype)
-                   for t in data["want"]]
-        fn(comm, outputs, [t.clone() for t in data["inputs"]])
-        return outputs, data["want"]
-    mine, described = data["mine"], registry.COLLECTIVES[collective]
-    op = None if case.op is None else getattr(ops.ReduceOp, case.op)
-    buf = described.prepare(mine, torch.full_like(mine, _SENTINEL), rank, p,
-                            case.root)
-    fn(comm, *described.arguments(buf, case.root, op))
-    if collective in ("scatter", "reduce_scatter"):
-        return p2p.blocks(buf, p)[rank], data["want"]
-    return buf, data["want"]
+    described = registry.COLLECTIVES[collective]
+    bufs = described.buffers(data["data"], rank, p, case.root, fill=_SENTINEL)
+    described.call(fn, comm, bufs, data["op"], case.root)
+    return described.result(bufs, rank, p), data["want"]
 
 
 def _barrier_case(fn: Callable, case: Case, comm: p2p.Comm) -> None:
@@ -492,9 +457,7 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     or colltutor's own choice).  A simulated cluster of hundreds of ranks takes
     a minute or more of real time.
     """
-    if collective not in SIGNATURES:
-        raise ValueError(f"unknown collective {collective!r}; choose from "
-                         f"{', '.join(SIGNATURES)}")
+    collective = contract.collective(collective)  # any public spelling
     if expect is not None and expect not in registry.find(collective):
         raise ValueError(f"{collective} has no algorithm {expect!r}; choose from "
                          f"{', '.join(registry.find(collective))}")

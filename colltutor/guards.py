@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from colltutor import ops, status
+from colltutor import contract, ops, status
 from colltutor.p2p import Comm, Pending
 from colltutor.transports import backends
 
@@ -71,11 +71,8 @@ class PeerArgumentError(ValueError):
 
 # -- fingerprints -----------------------------------------------------------------
 
-NAMES = (
-    "broadcast", "reduce", "gather", "scatter", "all_reduce", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-    "all_to_all_single", "barrier",
-)
+NAMES = contract.FUNCTIONS
+"""The public collectives a fingerprint names, by their index here."""
 _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)},
                  key=str)
 _FIELDS = ("collective", "error", "dtype", "numel", "op", "root", "algorithm")
@@ -84,12 +81,6 @@ _FINGERPRINT_TAG = backends.AGREEMENT  # the tag plan: TAG_PLAN["own"]
 _HEADER_BIT = backends.HEADER_BIT  # a send's header travels on tag ^ _HEADER_BIT
 _TEXT = 240  # bytes of an argument error's message that other ranks see
 _NONE = -1
-
-
-def table_name(name: str) -> str:
-    """The algorithm table a public name uses: ``all_gather_into_tensor`` ->
-    ``all_gather``."""
-    return name.removesuffix("_tensor").removesuffix("_into").removesuffix("_single")
 
 
 def _dtype_id(dtype: torch.dtype) -> int:
@@ -237,18 +228,15 @@ def _fingerprint(call: _Call, comm: Comm) -> list[int]:
     row[1] = int(call.error is not None)
     if call.error is None:
         row[2:len(_FIELDS)] = _describe(call, comm)
-        if table_name(call.name) == "all_to_all":
+        if contract.collective(call.name) == "all_to_all":
             row[len(_FIELDS):] = _split_counts(call, p)
     return [_MAGIC] + row
 
 
 def _describe(call: _Call, comm: Comm) -> list[int]:
     """``[dtype, numel, op, root, algorithm]`` of a call whose arguments are valid."""
-    a, kind = call.arguments, table_name(call.name)
-    main = {"all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
-            "reduce_scatter": "output", "reduce_scatter_tensor": "output",
-            "all_to_all": None, "all_to_all_single": "input",
-            "barrier": None}.get(call.name, "tensor")
+    a, kind = call.arguments, contract.collective(call.name)
+    main = contract.SPELLINGS[call.name].main
     tensor = a[main] if main else None
     if call.name == "all_to_all":
         tensor = a["input_tensor_list"][0] if a["input_tensor_list"] else None
@@ -290,24 +278,11 @@ def _split_counts(call: _Call, p: int) -> list[int]:
 
 # -- torch.distributed's own checks -----------------------------------------------
 
-TENSORS = {
-    "broadcast": ("tensor",), "reduce": ("tensor",), "all_reduce": ("tensor",),
-    "all_gather": ("tensor",),
-    "all_gather_into_tensor": ("output_tensor", "input_tensor"),
-    "gather": ("tensor",), "scatter": ("tensor",), "reduce_scatter": ("output",),
-    "reduce_scatter_tensor": ("output", "input"),
-    "all_to_all_single": ("output", "input"),
-}
+TENSORS = {name: s.tensors for name, s in contract.SPELLINGS.items() if s.tensors}
 """Collective -> its arguments that must be one tensor (``_check_single_tensor`` in
 torch 2.13's ``distributed_c10d.py``)."""
 
-LISTS = {
-    "all_gather": ("tensor_list",), "gather": ("gather_list",),
-    "scatter": ("scatter_list",), "reduce_scatter": ("input_list",),
-    "all_to_all": ("output_tensor_list", "input_tensor_list"),
-    "all_reduce_coalesced": ("tensors",),
-    "all_gather_coalesced": ("input_tensor_list",),
-}
+LISTS = {name: s.lists for name, s in contract.SPELLINGS.items() if s.lists}
 """Collective -> its arguments that must be a ``list`` of tensors
 (``_check_tensor_list``); gather's and scatter's may be left out off the root."""
 
@@ -375,7 +350,7 @@ def _check_locally(call: _Call, comm: Comm) -> None:
         raise ValueError(f"{call.name}: every tensor must be on one device, but "
                          + ", ".join(f"{name} is on {t.device}" for name, t in tensors))
     algorithm = call.arguments.get("algorithm")
-    kind = table_name(call.name)
+    kind = contract.collective(call.name)
     if algorithm is not None and algorithm not in call.algorithms(kind):
         raise ValueError(f"{kind} has no algorithm {algorithm!r}; choose from "
                          f"{', '.join(call.algorithms(kind))}")
@@ -471,7 +446,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
     if any(row[0] != _MAGIC for row in table):
         return f"{name}: a rank sent a garbled fingerprint (checks off on some ranks?)"
     names = [NAMES[row[1]] for row in table]
-    if len({table_name(n) for n in names}) > 1:
+    if len({contract.collective(n) for n in names}) > 1:
         said = [f"{_ranks(rs)} called {n}" for n, rs in _by_value(names, ranks)]
         return " while ".join(said)
     show = {
@@ -479,7 +454,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
         "op": lambda i: ops.op_name(ops.ALL_OPS[i]),
         "root": lambda r: f"rank {ranks[r]}",
         "algorithm": lambda i: ("the default" if i < 0
-                                else call.algorithms(table_name(name))[i]),
+                                else call.algorithms(contract.collective(name))[i]),
     }
     lines = []
     for column, field in enumerate(_FIELDS[2:], start=2):
@@ -489,7 +464,7 @@ def _compare(call: _Call, comm: Comm, table: list[list[int]]) -> str:
                     for v, rs in _by_value(values, ranks)]
             label = "element count" if field == "numel" else field
             lines.append(f"{name}: ranks disagree on {label}: " + ", ".join(said))
-    if table_name(name) == "all_to_all" and not lines:
+    if contract.collective(name) == "all_to_all" and not lines:
         lines += _compare_splits(name, ranks, table)
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from colltutor import topologies
+from colltutor import contract, topologies
 
 VERSION = "2.30.7"
 """The NCCL release this model follows."""
@@ -231,22 +231,20 @@ FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce"
 """NCCL's collectives (``ncclFunc*``) in colltutor's spelling."""
 
 ALIASES = {
-    "allreduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "all_gather_into_tensor": "all_gather",
-    "all_gather_base": "all_gather", "all_gather_single": "all_gather",
-    "all_gather_coalesced": "all_gather",
-    "reducescatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_base": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-    "bcast": "broadcast",
+    "allreduce": "all_reduce", "allgather": "all_gather",
+    "all_gather_base": "all_gather", "reducescatter": "reduce_scatter",
+    "reduce_scatter_base": "reduce_scatter", "bcast": "broadcast",
 }
-"""torch.distributed's and NCCL's spellings of the same collectives."""
+"""The names of the same collectives in torch's process groups and in NCCL, beside
+the public spellings (:data:`colltutor.contract.SPELLINGS`)."""
 
 
 def function(collective: str) -> str:
     """``collective`` in colltutor's spelling (:data:`FUNCTIONS`), from its own or
     torch's (``allreduce``, ``all_gather_into_tensor``, ``_reduce_scatter_base``)."""
     name = collective.lower().lstrip("_").replace("-", "_")
-    name = ALIASES.get(name, name)
+    name = (contract.collective(name) if name in contract.SPELLINGS
+            else ALIASES.get(name, name))
     if name not in FUNCTIONS:
         raise ValueError(f"NCCL's model has no collective {collective!r}; choose from "
                          f"{', '.join(FUNCTIONS)} (or torch's spellings)")

@@ -1,7 +1,7 @@
 """Every collective and every algorithm, each declared once.
 
-A collective is described by a :class:`Collective`: its name, the contract its
-algorithms keep, whether it has a root and whether it reduces.  An algorithm is
+A collective is described once, in :mod:`colltutor.contract`: its spellings, its
+contract, its cases, whether it has a root and whether it reduces.  An algorithm is
 declared where it is written, by decorating its function with :func:`algorithm`:
 its collective, the chapter that teaches it, its exact message counts, its
 alpha-beta-gamma cost terms and the words that describe its message pattern.  The
@@ -18,7 +18,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from colltutor import contract
+from colltutor.contract import COLLECTIVES, Collective  # noqa: F401 (read here)
 
 PerRank = tuple[int, list[tuple[int, int]]]
 """``(rounds, [(messages, bytes) sent by rank r for r in range(p)])``."""
@@ -33,44 +34,6 @@ Terms = Callable[..., tuple[float, float, float]]
 """``cost(p, n, **params)``: ``(latencies, bytes sent, bytes reduced)`` on the
 critical path for a collective of ``n`` bytes (REFERENCE.md's sizes), so that time
 is ``a alpha + s beta + r gamma``; the same parameters as its counts."""
-
-
-@dataclass(frozen=True)
-class Collective:
-    """What every algorithm of one collective does, and how it is called."""
-
-    name: str
-    contract: str
-    """The signature of its algorithms and what they leave in their buffers."""
-    chapter: int
-    rooted: bool = False
-    reducing: bool = False
-    itemsize: int | None = None
-    """Bytes per element of its messages when they do not follow the data's
-    (barrier's one-byte tokens)."""
-    gathers: bool = False
-    """Each rank starts with only its own block of the buffer valid."""
-
-    def prepare(self, mine: torch.Tensor, empty: torch.Tensor, rank: int, p: int,
-                root: int = 0) -> torch.Tensor:
-        """The buffer an algorithm starts from, made of this rank's data ``mine``
-        and an ``empty`` buffer of the same size (not for all-to-all or barrier):
-        its own block of ``mine`` for a gather, the root's data for a broadcast or
-        scatter (others start empty), its data for a reduction."""
-        if self.gathers:
-            buf = empty.clone()
-            buf.tensor_split(p)[rank].copy_(mine.tensor_split(p)[rank])
-            return buf
-        if self.rooted and not self.reducing and rank != root:
-            return empty.clone()
-        return mine.clone()
-
-    def arguments(self, buf: torch.Tensor, root: int = 0, op: object = None
-                  ) -> tuple:
-        """What follows ``comm`` in a call of one of its algorithms (the contract):
-        ``(buf, root)``, ``(buf, op, root)``, ``(buf, op)`` or ``(buf,)``."""
-        return ((buf,) + ((op,) if self.reducing else ())
-                + ((root,) if self.rooted else ()))
 
 
 @dataclass(frozen=True)
@@ -98,31 +61,6 @@ def _params(fn: Callable, sizes: int) -> tuple[str, ...]:
     """The keyword parameters of ``fn`` after its first ``sizes`` ones."""
     return tuple(inspect.signature(fn).parameters)[sizes:]
 
-
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("broadcast", "fn(comm, buf, root): root's buf ends in every rank's buf",
-               3, rooted=True),
-    Collective("reduce", "fn(comm, buf, op, root): root's buf = op over every buf; "
-               "other ranks' bufs left unchanged", 3, rooted=True, reducing=True),
-    Collective("scatter", "fn(comm, buf, root): root's buf holds p blocks; on exit "
-               "every rank's own block equals root's block for it", 4, rooted=True),
-    Collective("gather", "fn(comm, buf, root): buf holds p blocks, own block valid; "
-               "on exit root's buf holds every rank's own block", 4, rooted=True,
-               gathers=True),
-    Collective("all_gather", "fn(comm, buf): own block valid on entry; every block "
-               "valid on exit", 5, gathers=True),
-    Collective("reduce_scatter", "fn(comm, buf, op): own block of buf ends as that "
-               "block reduced over every rank", 5, reducing=True),
-    Collective("all_reduce", "fn(comm, buf, op): every buf = op over every buf", 6,
-               reducing=True),
-    Collective("all_to_all", "fn(comm, outputs, inputs): outputs[s] on rank r "
-               "receives rank s's inputs[r] (lists of p flat tensors, sizes may "
-               "differ)", 7),
-    Collective("barrier", "fn(comm): no rank leaves before every rank has entered",
-               8, itemsize=1),
-)}
-"""The nine collectives, in the order the book teaches them (a "block" is
-``p2p.blocks(buf, p)[i]``)."""
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {name: {} for name in COLLECTIVES}
 """collective -> algorithm name -> :class:`Algorithm`, in declaration order.  Filled
@@ -161,15 +99,10 @@ def algorithm(collective: str, *, counts: Counts, cost: Terms, shape: str,
 
 
 def table(collective: str) -> dict[str, Callable]:
-    """``collective``'s algorithms: name -> function (``_tensor``/``_single``
-    spellings accepted)."""
+    """``collective``'s algorithms: name -> function (any public spelling)."""
     return {name: a.fn for name, a in find(collective).items()}
 
 
 def find(collective: str) -> dict[str, Algorithm]:
     """The declarations of ``collective``'s algorithms; a clear error if unknown."""
-    name = collective.removesuffix("_tensor").removesuffix("_single")
-    if name not in ALGORITHMS:
-        raise ValueError(
-            f"unknown collective {collective!r}; choose from {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
+    return ALGORITHMS[contract.collective(collective)]

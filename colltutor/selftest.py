@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import guards, native, ops, registry, runtime
+from colltutor import contract, guards, native, ops, runtime
 from colltutor.transports import backends, nccl_rules
 
 R = dist.ReduceOp
@@ -38,8 +38,7 @@ INTS = (torch.int32, torch.int64, torch.uint8)
 FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)
 INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
 LARGE_DTYPES = (torch.float32, torch.int32)  # the 65537-element cases: two, for time
-NATIVE = (*registry.COLLECTIVES, "all_gather_into_tensor", "reduce_scatter_tensor",
-          "all_to_all_single")
+NATIVE = contract.FUNCTIONS
 """The torch.distributed functions that are forbidden while colltutor runs, one
 per collective (torch names them alike) and the tensor spellings."""
 
@@ -189,23 +188,19 @@ def case_barrier(lib, alg, g, x, op, root, async_op):
 
 CASES: dict[str, tuple[str, Callable]] = {
     # public function -> (algorithm table, case)
-    "broadcast": ("broadcast", case_broadcast),
-    "reduce": ("reduce", case_reduce),
-    "all_reduce": ("all_reduce", case_all_reduce),
-    "gather": ("gather", case_gather),
-    "scatter": ("scatter", case_scatter),
-    "all_gather": ("all_gather", case_all_gather),
-    "all_gather_into_tensor": ("all_gather", case_all_gather_into_tensor),
-    "reduce_scatter": ("reduce_scatter", case_reduce_scatter),
-    "reduce_scatter_tensor": ("reduce_scatter", case_reduce_scatter_tensor),
-    "all_to_all": ("all_to_all", case_all_to_all),
-    "all_to_all_single": ("all_to_all", case_all_to_all_single),
-    "barrier": ("barrier", case_barrier),
-}
+    name: (contract.collective(name), case) for name, case in (
+        ("broadcast", case_broadcast), ("reduce", case_reduce),
+        ("all_reduce", case_all_reduce), ("gather", case_gather),
+        ("scatter", case_scatter), ("all_gather", case_all_gather),
+        ("all_gather_into_tensor", case_all_gather_into_tensor),
+        ("reduce_scatter", case_reduce_scatter),
+        ("reduce_scatter_tensor", case_reduce_scatter_tensor),
+        ("all_to_all", case_all_to_all),
+        ("all_to_all_single", case_all_to_all_single), ("barrier", case_barrier))}
 ROOTED = {name for name, (table, _) in CASES.items()
-          if registry.COLLECTIVES[table].rooted}
+          if contract.COLLECTIVES[table].rooted}
 REDUCING = {name for name, (table, _) in CASES.items()
-            if registry.COLLECTIVES[table].reducing}
+            if contract.COLLECTIVES[table].reducing}
 """The public functions of the matrix whose collective has a root, or reduces."""
 
 

@@ -30,13 +30,22 @@ import math
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from colltutor import nccl_model, ops, p2p, registry, schedule, topologies, tuning
+from colltutor import (
+    contract,
+    nccl_model,
+    ops,
+    p2p,
+    registry,
+    schedule,
+    topologies,
+    tuning,
+)
 from colltutor import trace as tracing
 from colltutor.transports import simgrid as sim
 
@@ -172,10 +181,7 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
     named_protocol = isinstance(topology, str) and "/" in topology
     topology = topologies.get(topology)
     p = topology.ranks
-    name = collective.removesuffix("_tensor").removesuffix("_single")
-    if name not in registry.COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; choose from "
-                         f"{', '.join(registry.COLLECTIVES)}")
+    name = contract.collective(collective)  # all_gather_into_tensor -> all_gather
     cluster = _cluster(topology)
     prediction = nccl_model.predict(name, nbytes, topology) if cluster else None
     pair = None
@@ -366,14 +372,14 @@ def _program(comm: p2p.Comm, collective: str, algorithm: Any, p: int, count: int
     if step:  # NCCL's pipeline: steps of the protocol, its FIFO's slots in flight
         comm.segment_bytes, comm.in_flight = step, topologies.NCCL_STEPS
     bufs = buffers(collective, comm.rank, p, count, dtype, device, root)
-    if recorders and isinstance(bufs[0], torch.Tensor):
+    if recorders and bufs and isinstance(bufs[0], torch.Tensor):
         recorders[comm.rank].watch(bufs[0])
     if algorithm == "nvls":
         nvls_rank(comm, bufs[0], op)
     else:
         fn = algorithm if callable(algorithm) else \
             registry.find(collective)[algorithm].fn
-        _call(collective, functools.partial(fn, **_known_sizes(
+        contract.COLLECTIVES[collective].call(functools.partial(fn, **_known_sizes(
             collective, fn, device, p, count, options)), comm, bufs, op, root)
     return bufs if device.type != "meta" else None
 
@@ -460,85 +466,60 @@ def _data(rank: int, count: int, dtype: torch.dtype, device: torch.device
     return (torch.arange(count) % 61 + rank).to(dtype)
 
 
-def buffers(collective: str, rank: int, p: int, count: int, dtype: torch.dtype,
-             device: torch.device, root: int) -> list[Any]:
-    """The arguments of ``collective``'s algorithms (``registry.COLLECTIVES``)
-    on rank ``rank``, before the call."""
-    if collective == "barrier":
-        return [None]
+def _inputs(collective: str, p: int, count: int, dtype: torch.dtype,
+            device: torch.device) -> contract.Data:
+    """Every rank's data (:data:`colltutor.contract.Data`): :func:`_data`, and for an
+    all-to-all ``count // p`` elements to each rank, each block made when read
+    (a rank reads p blocks of its own and one of every other rank's)."""
     if collective == "all_to_all":
-        block = count // p
-        inputs = [_data(rank * p + s, block, dtype, device) for s in range(p)]
-        return [[torch.empty(block, dtype=dtype, device=device) for _ in range(p)],
-                inputs]
-    buf = _data(rank, count, dtype, device)
-    if collective in ("all_gather", "gather") or (
-            collective in ("broadcast", "scatter") and rank != root):
-        if not buf.is_meta:
-            own = p2p.blocks(buf, p)[rank].clone()
-            buf.zero_()
-            if collective in ("all_gather", "gather"):
-                p2p.blocks(buf, p)[rank].copy_(own)
-    return [buf]
+        return lambda r: _Sends(r, p, count // p, dtype, device)
+    return lambda r: _data(r, count, dtype, device)
 
 
-def _call(collective: str, fn: Any, comm: p2p.Comm, bufs: list[Any], op: object,
-          root: int) -> None:
-    if collective == "barrier":
-        fn(comm)
-    elif collective == "all_to_all":
-        fn(comm, bufs[0], bufs[1])
-    elif registry.COLLECTIVES[collective].reducing:
-        fn(comm, bufs[0], op, *([root] if registry.COLLECTIVES[collective].rooted
-                                else []))
-    elif registry.COLLECTIVES[collective].rooted:
-        fn(comm, bufs[0], root)
-    else:
-        fn(comm, bufs[0])
+class _Sends(Sequence):
+    """The blocks rank ``r`` sends in an all-to-all, made when read."""
+
+    def __init__(self, r: int, p: int, block: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.r, self.p, self.block, self.dtype, self.device = r, p, block, dtype, device
+
+    def __len__(self) -> int:
+        return self.p
+
+    def __getitem__(self, s: int) -> torch.Tensor:
+        if not 0 <= s < self.p:
+            raise IndexError(s)
+        return _data(self.r * self.p + s, self.block, self.dtype, self.device)
+
+
+def buffers(collective: str, rank: int, p: int, count: int, dtype: torch.dtype,
+            device: torch.device, root: int) -> list[Any]:
+    """The arguments of ``collective``'s algorithms on rank ``rank``, before the
+    call (:meth:`colltutor.contract.Collective.buffers`)."""
+    return contract.COLLECTIVES[collective].buffers(
+        _inputs(collective, p, count, dtype, device), rank, p, root)
 
 
 def expected(collective: str, rank: int, p: int, count: int, dtype: torch.dtype,
-             root: int, op: object) -> list[Any] | None:
-    """What rank ``rank``'s buffers must hold after ``collective`` (``None``: the
+             root: int, op: object) -> Any:
+    """What rank ``rank``'s result must be after ``collective`` (``None``: the
     collective promises nothing there), from the inputs of :func:`buffers`."""
-    cpu = torch.device("cpu")
-    if collective == "barrier":
-        return None
-    if collective == "all_to_all":
-        block = count // p
-        return [_data(s * p + rank, block, dtype, cpu) for s in range(p)]
-    inputs = [_data(r, count, dtype, cpu) for r in range(p)]
-    total = inputs[0].clone()
-    for other in inputs[1:]:
-        ops.combine(op, total, other)
-    ops.finish(op, total, p)
-    blocks = [p2p.blocks(t, p)[r] for r, t in enumerate(inputs)]
-    return {
-        "broadcast": lambda: [inputs[root]],
-        "reduce": lambda: [total if rank == root else inputs[rank]],
-        "all_reduce": lambda: [total],
-        "reduce_scatter": lambda: [("block", p2p.blocks(total, p)[rank])],
-        "all_gather": lambda: [torch.cat(blocks)],
-        "gather": lambda: [torch.cat(blocks)] if rank == root else None,
-        "scatter": lambda: [("block", p2p.blocks(inputs[root], p)[rank])],
-    }[collective]()
+    return contract.COLLECTIVES[collective].expected(
+        _inputs(collective, p, count, dtype, torch.device("cpu")), rank, p, op, root)
 
 
 def _correct(collective: str, outputs: list[Any], p: int, count: int,
              dtype: torch.dtype, root: int, op: object) -> bool:
+    described = contract.COLLECTIVES[collective]
     for rank, got in enumerate(outputs):
         want = expected(collective, rank, p, count, dtype, root, op)
         if want is None:
             continue
+        mine = described.result(got, rank, p)
         if collective == "all_to_all":
-            if not all(torch.equal(a, b) for a, b in zip(got[0], want, strict=True)):
+            if not all(torch.equal(a, b) for a, b in zip(mine, want, strict=True)):
                 return False
-            continue
-        (want,) = want
-        mine = got[0]
-        if isinstance(want, tuple):  # only my own block is promised
-            mine, want = p2p.blocks(mine, p)[rank], want[1]
-        if not torch.allclose(mine.double(), want.double()):
+        elif not torch.allclose(mine.double(), want.double()):
             return False
     return True
 
@@ -631,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     from colltutor.bench import human, parse_size
 
     ap = argparse.ArgumentParser(prog="colltutor simulate", description=main.__doc__)
-    ap.add_argument("collective", choices=list(registry.COLLECTIVES))
+    ap.add_argument("collective", type=contract.argument,  # any public spelling
+                    choices=list(registry.COLLECTIVES))
     ap.add_argument("size", type=parse_size, help="bytes: 1024, 64K, 1G")
     ap.add_argument("topology", help=", ".join(topologies.topologies()))
     ap.add_argument("-a", "--algorithm", nargs="*", default=[None])

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from colltutor import p2p, registry
+from colltutor import contract, p2p, registry
 
 SMALL = 64
 """Watched buffers up to this many elements (in all) are copied at every step."""
@@ -434,21 +434,19 @@ def _call(collective: str, fn, comm: p2p.Comm, count: int, root: int, op: object
     """Set up the buffers of ``collective`` on recognisable data and run ``fn``."""
     rank, size = comm.rank, comm.size
     t.rank, t.size = rank, size
-    mine = torch.tensor([encode(rank, i) for i in range(count)], dtype=torch.int64)
-    empty = torch.full((count,), EMPTY, dtype=torch.int64)
-    if collective == "barrier":
-        fn(comm)
-    elif collective == "all_to_all":
-        # block s of my input goes to rank s; rank s sends me its block `rank`
-        mine_size = p2p.block_sizes(count, size)[rank]
-        inp = t.watch(mine, "input")
-        out = t.watch(torch.full((size * mine_size,), EMPTY, dtype=torch.int64),
-                      "output")
-        fn(comm, p2p.blocks(out, size), p2p.blocks(inp, size))
-    else:
-        described = registry.COLLECTIVES[collective]
-        buf = t.watch(described.prepare(mine, empty, rank, size, root))
-        fn(comm, *described.arguments(buf, root, _op(op)))
+    described = registry.COLLECTIVES[collective]
+
+    def data(r: int):
+        mine = torch.tensor([encode(r, i) for i in range(count)], dtype=torch.int64)
+        return p2p.blocks(mine, size) if collective == "all_to_all" else mine
+
+    bufs = described.buffers(data, rank, size, root, fill=EMPTY)
+    if collective == "all_to_all":  # block s of my input goes to rank s
+        t.watch(contract.whole(bufs[1]), "input")
+        t.watch(contract.whole(bufs[0]), "output")
+    elif bufs:
+        t.watch(bufs[0])
+    described.call(fn, comm, bufs, _op(op), root)
 
 
 def _rank_run_many(cases: list[tuple], small: int, warmup: bool) -> list[RankTrace]:
@@ -474,8 +472,7 @@ def run_collectives(world_size: int, cases: Sequence[tuple], small: int = SMALL,
 
 def _case(world_size: int, collective: str, algorithm: str | None = None,
           count: int | None = None, root: int = 0, op: object = "sum") -> tuple:
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}")
+    collective = contract.collective(collective)  # any public spelling
     algorithm = algorithm or algorithms(collective)[0]
     return (collective, algorithm, world_size if count is None else count, root, op)
 

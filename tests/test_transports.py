@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor  # noqa: F401  (declares every algorithm)
-from colltutor import registry
+from colltutor import contract, registry
 from colltutor.transports import local
 
 SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
@@ -26,47 +26,37 @@ def _data(rank: int, n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float64) + 1000 * rank
 
 
-def _total(p: int, n: int) -> torch.Tensor:
-    return sum(_data(r, n) for r in range(p)) if p else torch.zeros(n)
+def _inputs(described: contract.Collective, p: int, n: int) -> contract.Data:
+    """Every rank's data: ``n`` elements, ``n`` a block where the collective cuts
+    the buffer in blocks, uneven blocks for all-to-all."""
+    if described.name == "all_to_all":
+        return lambda r: [_data(r, n + s) + 100 * s for s in range(p)]
+    count = n * p if described.gathers or described.scatters else n
+    return lambda r: _data(r, count)
 
 
 def _one(comm, collective: str, name: str, n: int, root: int) -> bool:
-    fn, p, r = registry.find(collective)[name].fn, comm.size, comm.rank
-    if collective == "broadcast":
-        buf = _data(r, n)
-        fn(comm, buf, root)
-        return torch.equal(buf, _data(root, n))
-    if collective == "reduce":
-        buf = _data(r, n)
-        fn(comm, buf, SUM, root)
-        return torch.equal(buf, _total(p, n) if r == root else _data(r, n))
-    if collective == "all_reduce":
-        buf = _data(r, n)
-        fn(comm, buf, AVG)
-        return torch.allclose(buf, _total(p, n) / p)
+    """The described case (:mod:`colltutor.contract`) on this rank; AVG for the
+    all-reduce, reduce-scatter out of place (its input stays as it was)."""
+    described, p, r = contract.COLLECTIVES[collective], comm.size, comm.rank
+    fn = registry.find(collective)[name].fn
+    op = AVG if collective == "all_reduce" else SUM
+    data = _inputs(described, p, n)
+    bufs = described.buffers(data, r, p, root)
     if collective == "reduce_scatter":
-        buf, work = _data(r, n * p), torch.empty(n * p, dtype=torch.float64)
-        fn(comm, buf, SUM, work)
-        return (torch.equal(buf, _data(r, n * p)) and torch.equal(
-            work.tensor_split(p)[r], _total(p, n * p).tensor_split(p)[r]))
-    if collective in ("all_gather", "gather"):
-        buf = torch.zeros(n * p, dtype=torch.float64)
-        buf.tensor_split(p)[r].copy_(_data(r, n * p).tensor_split(p)[r])
-        fn(comm, buf) if collective == "all_gather" else fn(comm, buf, root)
-        want = torch.cat([_data(s, n * p).tensor_split(p)[s] for s in range(p)])
-        return r != root and collective == "gather" or torch.equal(buf, want)
-    if collective == "scatter":
-        buf = _data(r, n * p) if r == root else torch.zeros(n * p, dtype=torch.float64)
-        fn(comm, buf, root)
-        want = _data(root, n * p).tensor_split(p)[r]
-        return torch.equal(buf.tensor_split(p)[r], want)
+        work = torch.empty_like(bufs[0])
+        fn(comm, bufs[0], op, work)
+        if not torch.equal(bufs[0], data(r)):
+            return False
+        bufs = [work]
+    else:
+        described.call(fn, comm, bufs, op, root)
+    got, want = described.result(bufs, r, p), described.expected(data, r, p, op, root)
+    if want is None:
+        return True
     if collective == "all_to_all":
-        inputs = [_data(r, n + s) + 100 * s for s in range(p)]  # uneven blocks
-        outputs = [torch.empty(n + r, dtype=torch.float64) for _ in range(p)]
-        fn(comm, outputs, inputs)
-        return all(torch.equal(outputs[s], _data(s, n + r) + 100 * r) for s in range(p))
-    fn(comm)  # barrier
-    return True
+        return all(map(torch.equal, got, want))
+    return torch.allclose(got, want) if op == AVG else torch.equal(got, want)
 
 
 @pytest.mark.parametrize("collective", list(registry.COLLECTIVES))

@@ -24,9 +24,9 @@ SECTIONS = [
     ("Starting ranks", ["runtime", "status"]),
     ("The point-to-point layer", ["p2p", "transports", "torch_dist", "ops", "fold"]),
     ("Collective algorithms", [
-        "registry", "formulas", "collectives", "broadcast", "reduce", "scatter",
-        "gather", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-        "barrier", "tuning",
+        "contract", "registry", "formulas", "collectives", "broadcast", "reduce",
+        "scatter", "gather", "all_gather", "reduce_scatter", "all_reduce",
+        "all_to_all", "barrier", "tuning",
     ]),
     ("Around the algorithms", [
         "trace", "draw", "animate", "explore", "cost", "bench", "guards", "grader",

@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from colltutor import contract
 from colltutor.transports import Message
 from colltutor.transports.torch_dist import TorchTransport, _wire
 
@@ -408,13 +409,10 @@ class NcclRulesTransport(TorchTransport):
 
 _native: dict[str, Callable] | None = None
 
-_WRITTEN = {  # argument positions (or names) that a collective writes
-    "all_reduce": ["tensor"], "broadcast": ["tensor"], "reduce": ["tensor"],
-    "all_gather": ["tensor_list"], "all_gather_into_tensor": ["output_tensor"],
-    "reduce_scatter": ["output"], "reduce_scatter_tensor": ["output"],
-    "all_to_all": ["output_tensor_list"], "all_to_all_single": ["output"],
-    "gather": ["gather_list"], "scatter": ["tensor"],
-}
+_WRITTEN = {name: list(contract.SPELLINGS[name].written) for name in contract.FUNCTIONS
+            if contract.SPELLINGS[name].written}
+"""The collectives under the rules, and the arguments each writes (NCCL's stream
+order applies to them)."""
 
 
 def install() -> None:
