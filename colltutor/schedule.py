@@ -114,22 +114,67 @@ def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]
     :class:`RecordingTransport`.  Endpoint ``r + c * size`` is lane ``c`` of rank
     ``r`` (lane 0: the rank itself), so an algorithm without lanes has one endpoint
     a rank; a rank with fewer lanes than another has empty logs for the rest.
+    The ranks are independent, so from :data:`PARALLEL_FROM` ranks on they are
+    recorded in as many forked processes as there are cores.
     Raises :class:`Polls` for an algorithm that polls."""
-    from colltutor import p2p, runtime
+    from colltutor import runtime
 
+    workers = min(runtime.cores(), size // PARALLEL_FROM)
+    spans = [range(start, min(start + SPAN, size)) for start in range(0, size, SPAN)]
     ranks: list[list[array]] = []
     shown = 0.0
-    for rank in range(size):
-        transport = RecordingTransport(rank, size, device)
-        with ops.combining(transport.combine):
-            program(p2p.Comm(transport=transport))
-        ranks.append(transport.logs)
-        if time.perf_counter() - shown > 0.5 or rank == size - 1:
-            shown = time.perf_counter()
-            runtime.progress("recording the messages", rank + 1, size, "ranks")
+    with _spans_recorded(program, size, device, workers) as recorded:
+        for logs in recorded(spans):
+            ranks += logs
+            if time.perf_counter() - shown > 0.5 or len(ranks) == size:
+                shown = time.perf_counter()
+                runtime.progress("recording the messages", len(ranks), size, "ranks")
     lanes = max(map(len, ranks), default=1)
     return [logs[c] if c < len(logs) else array("q")
             for c in range(lanes) for logs in ranks]
+
+
+PARALLEL_FROM = 64
+"""Ranks from which :func:`record` forks a process a core."""
+
+SPAN = 8
+"""Ranks a recording process records at a time."""
+
+_task: tuple[Callable[[Any], Any], int, Any] | None = None  # what forked workers run
+
+
+def _record_span(span: range) -> list[list[array]]:
+    """The logs of the ranks in ``span``, each run alone on a recorder."""
+    from colltutor import p2p
+
+    program, size, device = _task
+    out = []
+    for rank in span:
+        transport = RecordingTransport(rank, size, device)
+        with ops.combining(transport.combine):
+            program(p2p.Comm(transport=transport))
+        out.append(transport.logs)
+    return out
+
+
+@contextlib.contextmanager
+def _spans_recorded(program: Callable[[Any], Any], size: int, device: Any,
+                    workers: int) -> Iterator[Callable]:
+    """A function from spans of ranks to their logs, span by span in order: here,
+    or in ``workers`` forked processes (which inherit ``program``, a closure
+    that could not be sent to them)."""
+    global _task
+    _task = program, size, device
+    try:
+        if workers < 2:
+            yield lambda spans: map(_record_span, spans)
+            return
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            yield lambda spans: pool.imap(_record_span, spans)
+    finally:
+        _task = None
 
 
 class _Bytes:

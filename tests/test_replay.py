@@ -368,3 +368,27 @@ def test_lanes_take_the_same_time_on_every_engine(channels, topology, nbytes,
     assert python == pytest.approx(machines.seconds, rel=1e-9)
     assert machines.seconds > on_time.seconds  # the late rank held its lanes back
     assert machines.messages == actors.messages > 0
+
+
+def test_forked_recorders_write_the_records_one_process_writes(monkeypatch):
+    """Ranks recorded in forked processes, a span at a time, give the same records,
+    lanes and all, as ranks recorded one after the other here."""
+    import torch
+
+    from colltutor.collectives import all_reduce
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    meta = torch.device("meta")
+
+    def program(comm):
+        all_reduce.multi_channel_ring(comm, torch.empty(1 << 16, device=meta), "SUM",
+                                      channels=3)
+
+    monkeypatch.setattr(schedule, "PARALLEL_FROM", 1 << 30)
+    alone = schedule.record(program, 16, meta)
+    monkeypatch.setattr(schedule, "PARALLEL_FROM", 4)
+    monkeypatch.setattr(schedule, "SPAN", 3)
+    monkeypatch.setattr(runtime, "cores", lambda: 2)
+    forked = schedule.record(program, 16, meta)
+    assert len(forked) == len(alone) == 16 * 3
+    assert forked == alone and any(forked[16:])
