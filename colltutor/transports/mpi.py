@@ -82,6 +82,11 @@ class MpiTransport:
     """One MPI communicator, from one rank: every step's receives, then its sends, as
     nonblocking MPI calls matched by (peer, tag), in posting order as MPI promises."""
 
+    segment_bytes = 1 << 30
+    """MPI moves a long message in pieces of its own (MPICH: its shared-memory cells
+    on a node, a rendezvous between nodes), as it does for its own collectives;
+    colltutor's segments would only add steps, so messages go whole (up to 1 GiB)."""
+
     def __init__(self, group: MpiGroup, tag: int) -> None:
         # colltutor's own messages (collectives, argument checks: tags from
         # OWN_TAGS up) use a communicator of their own, so that they never match
