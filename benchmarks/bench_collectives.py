@@ -61,7 +61,8 @@ def _measure(plan: list[tuple[str, int]], rounds: int, settle: bool
         rows.append({
             "collective": collective, "bytes": case.nbytes, "native_us": native * 1e6,
             "colltutor_us": ours * 1e6, "ratio": native / ours,
-            "algorithm": tuning.choose(collective, case.nbytes, dist.get_world_size()),
+            "algorithm": tuning.choose(collective, case.nbytes, dist.get_world_size(),
+                                       str(dist.get_backend())),
             "busbw": case.nbytes / ours * factor / 1e9,
             "native_busbw": case.nbytes / native * factor / 1e9,
             "p2p_GBps": buf.numel() / (pingpong / 2) / 1e9,

@@ -13,15 +13,20 @@ it; GB = 1e9 bytes.  Then, on 2 ranks, the smallest messages: what one step of
 colltutor's point-to-point layer and one small collective cost against the backend's
 own calls (and a bare mpi4py ``Sendrecv``).  ``--algorithms-only`` instead times
 every colltutor all-reduce algorithm against MPICH's ``MPI_Allreduce`` on MPI.
+``--backends mpi`` times MPI alone (the gloo columns then read nan); at the end a
+summary gives, per world size, MPICH's time over colltutor's at 1 MiB and above
+(each collective, and their geometric mean).
 
 Run:  nice -n 10 python benchmarks/bench_mpi.py [--ranks 2 4] [--rounds 5]
-          [--json out.json] [--algorithms-only]
+          [--backends gloo mpi] [--sizes 1K 1M 16M] [--json out.json]
+          [--algorithms-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,12 +42,13 @@ SIZES = ["1K", "1M", "16M"]
 ALL_REDUCE_EXTRA = ["64K", "4M", "64M"]
 
 
-def plan(collectives: list[str]) -> list[tuple[str, int]]:
+def plan(collectives: list[str], sizes: list[str] = SIZES) -> list[tuple[str, int]]:
     steps = []
     for c in collectives:
-        extra = ALL_REDUCE_EXTRA if c == "all_reduce" else []
-        sizes = sorted(bench.parse_size(s) for s in SIZES + extra)
-        steps += [(c, 0)] if c == "barrier" else [(c, n) for n in sizes]
+        extra = [s for s in ALL_REDUCE_EXTRA if s not in sizes] \
+            if c == "all_reduce" and sizes == SIZES else []
+        sizes_c = sorted(bench.parse_size(s) for s in [*sizes, *extra])
+        steps += [(c, 0)] if c == "barrier" else [(c, n) for n in sizes_c]
     return steps
 
 
@@ -124,6 +130,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--collectives", nargs="+", default=list(bench.COLLECTIVES))
+    ap.add_argument("--sizes", nargs="+", default=SIZES)
+    ap.add_argument("--backends", nargs="+", default=["gloo", "mpi"],
+                    choices=["gloo", "mpi"])
     ap.add_argument("--no-per-message", action="store_true")
     ap.add_argument("--algorithms-only", action="store_true",
                     help="only every all-reduce algorithm against MPICH's, on MPI")
@@ -148,13 +157,17 @@ def main() -> None:
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     results = []
     for p in args.ranks:
-        steps = plan(args.collectives)
+        steps = plan(args.collectives, args.sizes)
         rows = {}
-        for backend in ("gloo", "mpi"):
+        for backend in args.backends:
             ran = colltutor.run(bench_collectives._measure, p, steps, args.rounds,
                                 True, backend=backend, timeout=None)
             rows[backend] = ran[0]
-        for g, m in zip(rows["gloo"], rows["mpi"], strict=True):
+        missing = [dict.fromkeys(row, math.nan) | {"collective": row["collective"],
+                                                   "bytes": row["bytes"],
+                                                   "algorithm": row["algorithm"]}
+                   for row in rows["mpi"]]
+        for g, m in zip(rows.get("gloo", missing), rows["mpi"], strict=True):
             size = bench.human(g["bytes"]) if g["bytes"] else "-"
             print(f"{p:>2} {g['collective']:<15} {size:>6} {g['algorithm']:<18} | "
                   f"{g['native_us']:>8.1f} {g['colltutor_us']:>8.1f} "
@@ -169,14 +182,15 @@ def main() -> None:
     print("MPICH / ct: MPICH's time / colltutor's over MPI (>= 1: colltutor as fast "
           "or faster); ct gl / ct: colltutor's time over gloo / over MPI (> 1: the "
           "same algorithm is faster on MPI's point-to-point)")
+    summary(results)
     if not args.no_per_message:
         small = {backend: colltutor.run(per_message, 2, args.rounds, backend=backend,
-                                        timeout=None)[0] for backend in ("gloo", "mpi")}
+                                        timeout=None)[0] for backend in args.backends}
         print(f"\nthe smallest messages (4 bytes), 2 ranks: microseconds per call, "
               f"median of {args.rounds} alternating rounds of 200 calls")
         print(f"{'':<38} {'gloo':>8} {'MPI':>8}")
         for side in small["mpi"]:
-            gloo = small["gloo"].get(side, float("nan"))
+            gloo = small.get("gloo", {}).get(side, float("nan"))
             print(f"{side:<38} {gloo:>8.1f} {small['mpi'][side]:>8.1f}")
         results.append({"per_message": small})
     print(f"load average (1, 5, 15 min) at the end: "
@@ -184,6 +198,27 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def summary(results: list[dict]) -> None:
+    """MPICH's time over colltutor's at 1 MiB and above, per world size: each
+    collective's ratios by size, and the geometric mean of all of them."""
+    print("\nMPICH / ct at 1 MiB and above (colltutor's default over MPI; >= 1: "
+          "colltutor as fast or faster)")
+    for p in sorted({r["p"] for r in results}):
+        ratios: dict[str, list[float]] = {}
+        for r in results:
+            m = r["mpi"]
+            if r["p"] == p and m["bytes"] >= 1 << 20:
+                ratios.setdefault(m["collective"], []).append(
+                    m["native_us"] / m["colltutor_us"])
+        every = [x for xs in ratios.values() for x in xs]
+        for collective, xs in ratios.items():
+            print(f"{p:>2} {collective:<15} " + " ".join(f"{x:5.2f}" for x in xs))
+        if every:
+            geomean = math.exp(sum(map(math.log, every)) / len(every))
+            print(f"{p:>2} {'geomean':<15} {geomean:5.2f} ({len(every)} ratios, "
+                  f"worst {min(every):.2f})")
 
 
 def all_reduce_algorithms(args: argparse.Namespace) -> None:

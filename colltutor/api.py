@@ -80,13 +80,15 @@ class use:  # noqa: N801 (a function to its callers; a class to be a context too
         _chosen.update(self.before)
 
 
-def _choose(collective: str, algorithm: str | None, nbytes: int | None, size: int
-            ) -> tuple[str, Callable]:
+def _choose(collective: str, algorithm: str | None, nbytes: int | None, size: int,
+            backend: str = "gloo") -> tuple[str, Callable]:
     """The algorithm a call runs, and its name: ``algorithm=``, else the one
-    :func:`use` chose, else :mod:`colltutor.tuning`'s default for the size."""
+    :func:`use` chose, else :mod:`colltutor.tuning`'s default for the size on
+    this backend."""
     kind = contract.collective(collective)  # all_gather_into_tensor -> all_gather
     table = registry.find(kind)
-    name = algorithm or _chosen.get(kind) or tuning.choose(kind, nbytes, size)
+    name = algorithm or _chosen.get(kind) or tuning.choose(kind, nbytes, size,
+                                                           backend)
     if callable(name):
         return getattr(name, "__name__", "custom"), name
     if name not in table:
@@ -180,7 +182,7 @@ def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
     settle = guards.prepare(comm)  # this rank's own checks, now
     failed = settle is not None and settle.failed  # raised after the agreement
     name, fn = ("", None) if failed else _choose(collective, algorithm, nbytes,
-                                                 comm.size)
+                                                 comm.size, comm.backend)
     shown = _shown.get()
     if shown is not None:
         collective, inputs = shown

@@ -321,12 +321,14 @@ def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
 
 def ran(collective: str, algorithm: str, nbytes: int, p: int) -> str:
     """The algorithm that ran: for ``default``, the tuning table's pick for this
-    message on ``p`` ranks (the public API picks the same), else ``algorithm``."""
+    message on ``p`` ranks of this rank's backend (the public API picks the
+    same), else ``algorithm``."""
     from colltutor import tuning
 
     if algorithm != "default":
         return algorithm
-    return tuning.choose(collective, nbytes, p)
+    backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
+    return tuning.choose(collective, nbytes, p, backend)
 
 
 def _row(collective: str, algorithm: str, case: Case, seconds: float, bad: int,

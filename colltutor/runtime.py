@@ -201,7 +201,8 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
 
         ended = mpiexec.run(_client.pickle_task(fn, args, kwargs), world_size, timeout)
         if ended.timed_out:
-            raise RankTimeoutError(ended.pending, timeout, world_size)
+            raise RankTimeoutError(ended.pending, timeout, world_size, ended.statuses,
+                                   ended.collectives)
         if ended.failures:
             raise RankError(ended.failures, world_size)
         return ended.results
@@ -359,10 +360,12 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4,
            stream: bool = False, **kwargs: Any) -> list[Any]:
     """Run ``fn`` on every rank, however this script was started; results by rank.
 
-    Under torchrun, this process is one rank: it joins the group (:func:`init`),
-    calls ``fn`` and gathers every rank's result.  Otherwise it is
+    Under torchrun or mpiexec, this process is one rank: it joins the group
+    (:func:`init`), calls ``fn`` and gathers every rank's result.  Otherwise it is
     ``run(fn, world_size, ...)``.  So ``python script.py`` and ``torchrun
-    --nproc-per-node 4 script.py`` run the same code.
+    --nproc-per-node 4 script.py`` run the same code.  Over MPI a run that
+    outlives ``timeout`` ends as under :func:`run`: rank 0 prints the
+    :class:`RankTimeoutError` and every rank stops.
     """
     import torch.distributed as dist
 
@@ -371,11 +374,47 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4,
                    stream=stream, **kwargs)
     joined = not dist.is_initialized()
     init(backend, timeout)
+    watchdog = _mpi_watchdog(timeout)
     try:
-        result = fn(*args, **kwargs)
+        with _watched_steps(watchdog is not None):
+            result = fn(*args, **kwargs)
+        if watchdog is not None:
+            watchdog.returned()
         results: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(results, result)
+        if watchdog is not None:
+            watchdog.stop()
         return results
     finally:
         if joined:
             dist.destroy_process_group()
+
+
+def _mpi_watchdog(timeout: float):
+    """Over MPI, a watchdog that ends the run after ``timeout`` seconds with the
+    :class:`RankTimeoutError` printed by rank 0; elsewhere None."""
+    import torch.distributed as dist
+
+    if dist.get_backend() != "mpi4py" or not math.isfinite(timeout):
+        return None
+    import time
+    import traceback
+
+    from colltutor.transports import mpi
+
+    def tell(pending: list[int], statuses: dict, collectives: dict) -> None:
+        error = RankTimeoutError(pending, timeout, dist.get_world_size(), statuses,
+                                 collectives)
+        print("".join(traceback.format_exception_only(error)), end="",
+              file=sys.stderr, flush=True)
+
+    return mpi.Watchdog(time.time() + timeout, tell)
+
+
+def _watched_steps(on: bool):
+    """Where the steps posted are remembered for a timeout's report (when ``on``)."""
+    import contextlib
+
+    from colltutor import p2p, status
+
+    return p2p.observe(status.StepWatcher()) if on else contextlib.nullcontext()

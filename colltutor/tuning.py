@@ -12,6 +12,11 @@ your machine.
 The message size is the one the collective is named after: the tensor for
 broadcast, reduce and all-reduce; the whole gathered or scattered buffer for gather,
 scatter, all-gather and reduce-scatter; everything a rank sends for all-to-all.
+
+The rows depend on the backend (:func:`rows`): over gloo, the rows measured on the
+course's machine; over MPI, MPICH's own choice among the same algorithms
+(:func:`mpich`); over any other backend, the round switch points of
+:data:`DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import os
 from pathlib import Path
 
 KiB = 1024
+
+Table = dict[str, list[tuple[int | None, str]]]
 
 #: Collective -> rows ``(max_bytes, algorithm)``; the first row that fits wins.
 DEFAULTS: dict[str, list[tuple[int | None, str]]] = {
@@ -48,7 +55,8 @@ BY_SIZE: dict[tuple[str, int], list[tuple[int | None, str]]] = {
     ("all_reduce", 4): [(16 * KiB, "recursive_doubling"),
                         (1024 * KiB, "reduce_broadcast"), (None, "pipelined_ring")],
 }
-"""Rows for one world size that replace the collective's :data:`DEFAULTS` rows.
+"""Rows for one world size that replace the collective's :data:`DEFAULTS` rows
+over gloo (:data:`MEASURED`).
 
 Measured on the course's 2-core development machine (2 to 4 ranks sharing two
 cores, gloo over the loopback interface), where time follows the bytes all ranks
@@ -61,11 +69,54 @@ the whole buffer up to 1 MiB on 2 ranks, and the two binomial trees from 16 KiB 
 machine"; ``python -m colltutor bench --fit -n P --write PATH`` derives a table for
 your machine, which :func:`choose` then prefers."""
 
+MPICH_VERSION = "5.0.1"
+"""The MPICH release whose selection :func:`mpich` follows: the rules of
+``maint/tuning/coll/mpir/generic.json``, which ``MPIR_Csel_search``
+(``src/mpi/coll/src/csel.c``) walks when MPICH sends a collective's messages
+point-to-point."""
+
+
+def mpich(p: int) -> Table:
+    """MPICH's choice among its point-to-point algorithms on ``p`` ranks, as
+    colltutor's algorithms of the same name and shape.
+
+    MPICH's sizes are bytes: the whole buffer for broadcast, reduce and all-reduce;
+    the gathered buffer for all-gather and reduce-scatter; one peer's block for
+    all-to-all (here ``p`` times that, everything a rank sends).  All-reduce uses
+    recursive doubling only up to 8 bytes (and for fewer elements than ``p``,
+    which rows of bytes leave to Rabenseifner), Rabenseifner's reduce-scatter +
+    all-gather above; MPICH's "scattered" all-to-all posts every message at once,
+    as ``linear`` does.  On one node MPICH first tries shared-memory algorithms
+    (``maint/tuning/coll/ch4/posix_generic.json``: all-reduce and reduce up to
+    8 KiB, broadcast, barrier) that have no point-to-point counterpart."""
+    pow2 = p & (p - 1) == 0
+    return {
+        "broadcast": [(None, "binomial_tree")] if p < 8 else
+                     [(12 * KiB, "binomial_tree"), (None, "scatter_allgather")],
+        "reduce": [(2 * KiB, "binomial_tree"), (None, "reduce_scatter_gather")],
+        "all_reduce": [(8, "recursive_doubling"), (None, "rabenseifner")],
+        "gather": [(None, "binomial_tree")],
+        "scatter": [(None, "binomial_tree")],
+        "all_gather": [(512 * KiB - 1, "recursive_doubling") if pow2 else
+                       (80 * KiB - 1, "bruck"), (None, "ring")],
+        "reduce_scatter": [(512 * KiB - 1, "recursive_halving"), (None, "pairwise")],
+        "all_to_all": [*([(256 * p, "bruck")] if p >= 8 else []),
+                       (32 * KiB * p, "linear"), (None, "pairwise")],
+        "barrier": [(None, "dissemination")],
+    }
+
+
+MEASURED = ("gloo",)
+"""Backends whose processes' groups :data:`BY_SIZE` was measured on (a group of
+gloo for CPU tensors and NCCL for GPU ones, ``gloo+nccl``, counts as gloo)."""
+
+MPI = ("mpi4py", "mpi")
+"""The names of the MPI backend (colltutor's over mpi4py, PyTorch's own)."""
+
+
 USER_TABLE = Path("~/.config/colltutor/tuning.json")
 """Where ``bench --fit --write`` puts a re-fitted table; ``$COLLTUTOR_TUNING`` (a
 path) takes precedence.  Every rank reads the same file, so all choose alike."""
-
-Table = dict[str, list[tuple[int | None, str]]]
 
 
 def load(path: str | os.PathLike | None = None) -> Table:
@@ -114,14 +165,27 @@ def user_table() -> Table:
     return load()
 
 
-def choose(collective: str, nbytes: int | None, size: int) -> str:
-    """The default algorithm for ``collective`` on ``size`` ranks and ``nbytes``.
+def shipped(collective: str, size: int, backend: str = "gloo"
+            ) -> list[tuple[int | None, str]]:
+    """The shipped rows for ``collective`` on ``size`` ranks of ``backend``: the
+    measured ones over gloo, MPICH's over MPI, :data:`DEFAULTS` elsewhere."""
+    family = backend.split("+")[0]
+    if family in MPI:
+        return mpich(size)[collective]
+    if family in MEASURED:
+        return BY_SIZE.get((collective, size), DEFAULTS[collective])
+    return DEFAULTS[collective]
+
+
+def choose(collective: str, nbytes: int | None, size: int, backend: str = "gloo"
+           ) -> str:
+    """The default algorithm for ``collective`` on ``size`` ranks of ``backend``
+    (a ``torch.distributed`` backend name) and ``nbytes``.
 
     ``nbytes=None`` (sizes that differ between ranks) takes the last row."""
-    # a re-fitted table wins over both shipped ones
-    rows = user_table().get(collective) or BY_SIZE.get((collective, size),
-                                                       DEFAULTS[collective])
-    for max_bytes, name in rows:
+    # a re-fitted table wins over the shipped ones
+    found = user_table().get(collective) or shipped(collective, size, backend)
+    for max_bytes, name in found:
         if max_bytes is None or (nbytes is not None and nbytes <= max_bytes):
             return name
     raise LookupError(f"no default for {collective} at {nbytes} bytes")

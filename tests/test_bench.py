@@ -5,6 +5,7 @@ benchmarks/)."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 
 import pytest
@@ -138,6 +139,41 @@ def test_measured_defaults_are_well_formed() -> None:
             for n in (0, 1024, 1 << 20, (1 << 20) + 1, 64 << 20, None):
                 name = tuning.choose(collective, n, p)
                 assert name in bench.resolve(collective, "all")
+
+
+def test_defaults_per_backend() -> None:
+    """gloo (alone or beside NCCL) keeps the measured rows; MPI follows MPICH's
+    selection (``maint/tuning/coll/mpir/generic.json``); other backends take the
+    round switch points of ``DEFAULTS``."""
+    for collective in tuning.DEFAULTS:
+        for p in (2, 3, 4, 8):
+            assert tuning.shipped(collective, p, "gloo") == tuning.BY_SIZE.get(
+                (collective, p), tuning.DEFAULTS[collective])
+            assert tuning.shipped(collective, p, "gloo+nccl") == tuning.shipped(
+                collective, p, "gloo")
+            assert tuning.shipped(collective, p, "nccl") == tuning.DEFAULTS[collective]
+            assert tuning.shipped(collective, p, "mpi4py") == tuning.mpich(p)[
+                collective]
+    mpi = functools.partial(tuning.choose, backend="mpi4py")
+    KiB, MiB = 1024, 1 << 20
+    assert [mpi("all_reduce", n, 4) for n in (8, 16, MiB)] == [
+        "recursive_doubling", "rabenseifner", "rabenseifner"]
+    assert [mpi("broadcast", n, p) for n, p in ((MiB, 4), (12 * KiB, 8),
+                                                (12 * KiB + 1, 8))] == [
+        "binomial_tree", "binomial_tree", "scatter_allgather"]
+    assert [mpi("reduce", n, 4) for n in (2 * KiB, 2 * KiB + 1)] == [
+        "binomial_tree", "reduce_scatter_gather"]
+    assert [mpi("all_gather", n, p) for n, p in ((512 * KiB - 1, 4), (512 * KiB, 4),
+                                                 (80 * KiB - 1, 3), (80 * KiB, 3))
+            ] == ["recursive_doubling", "ring", "bruck", "ring"]
+    assert [mpi("reduce_scatter", n, 4) for n in (512 * KiB - 1, 512 * KiB)] == [
+        "recursive_halving", "pairwise"]
+    # all-to-all: MPICH's sizes are one peer's block, here everything a rank sends
+    assert [mpi("all_to_all", n, p) for n, p in ((4 * 32 * KiB, 4),
+                                                 (4 * 32 * KiB + 1, 4),
+                                                 (8 * 256, 8), (8 * 257, 8))] == [
+        "linear", "pairwise", "bruck", "linear"]
+    assert {mpi(c, None, 4) for c in ("gather", "scatter")} == {"binomial_tree"}
 
 
 @pytest.mark.parametrize("p", [3, 4])

@@ -10,14 +10,16 @@ integers, so any summation order gives the same floats).  Element counts 0, 1, p
 1000 and 300001 (long enough to travel in segments), several dtypes, every reduction
 op that torch and MPI share (all but AVG), every root at p+1 elements.  Also:
 ``dist.new_group`` (an MPI communicator of its members), zero-copy messages,
-``colltutor.run(..., backend="mpi")``, the ``mpiexec`` demo, and the package without
-mpi4py.  The tests below start one mpiexec per world size and
-report each (collective, algorithm) as its own test.  They skip, saying why, when
+``colltutor.run(..., backend="mpi")``, ``async_op=True``, a hang's timeout report
+under a plain ``mpiexec``, the ``mpiexec`` demo, and the package without mpi4py.
+The tests below start one mpiexec per world size and report each (collective,
+algorithm) as its own test.  They skip, saying why, when
 mpi4py or mpiexec is missing.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -350,6 +352,122 @@ def test_run_from_a_notebook_starts_mpiexec(capsys: pytest.CaptureFixture) -> No
     assert lines == [f"[rank {r}] rank {r} on mpi4py" for r in range(3)]
     with pytest.raises(colltutor.RankError, match="ValueError: no elements"):
         colltutor.run(rank_fn, 2, 0, backend="mpi")
+
+
+@needs_mpi
+def test_async_op_over_mpi() -> None:
+    """``async_op=True`` over MPI: collectives run on the group's worker thread, in
+    the order issued, while the caller goes on; ``wait()`` gives MPICH's results
+    (``MPI_Allreduce``, ``MPI_Bcast`` on the same data, taken first)."""
+    import colltutor
+
+    def overlapped() -> dict[str, bool]:
+        import torch.distributed as dist
+
+        rank, p = colltutor.rank(), colltutor.world_size()
+        big = torch.arange(1 << 20, dtype=torch.float32) % 7 + rank  # 4 MiB: segments
+        small = torch.full((5,), float(rank + 1))
+        word = torch.full((3,), float(rank))
+        twice = torch.ones(p + 1)
+        want_big, want_small, want_word = big.clone(), small.clone(), word.clone()
+        dist.all_reduce(want_big)
+        dist.all_reduce(want_small, op=dist.ReduceOp.MAX)
+        dist.broadcast(want_word, src=p - 1)
+        works = [colltutor.all_reduce(big, async_op=True),
+                 colltutor.all_reduce(small, op=colltutor.ReduceOp.MAX, async_op=True),
+                 colltutor.broadcast(word, src=p - 1, async_op=True),
+                 colltutor.all_reduce(twice, async_op=True),
+                 colltutor.all_reduce(twice, async_op=True),  # after the one above
+                 colltutor.barrier(async_op=True)]
+        meanwhile = torch.ones(1000).cumsum(0)[-1].item()  # the caller runs on
+        waited = [work.wait(timeout=datetime.timedelta(seconds=60)) for work in works]
+        return {"waited": all(waited) and meanwhile == 1000.0,
+                "completed": all(w.is_completed() and w.exception() is None
+                                 for w in works),
+                "all_reduce": torch.equal(big, want_big),
+                "max": torch.equal(small, want_small),
+                "broadcast": torch.equal(word, want_word),
+                "in order": torch.equal(twice, torch.full((p + 1,), float(p * p)))}
+
+    for result in colltutor.run(overlapped, 3, backend="mpi", timeout=120):
+        assert all(result.values()), result
+
+
+@needs_mpi
+def test_defaults_over_mpi_are_mpichs() -> None:
+    """Without ``algorithm=``, colltutor over MPI runs MPICH's choice
+    (``tuning.mpich``), not the rows measured over gloo: the algorithm each call
+    ran, as the profiler records it."""
+    import colltutor
+    from colltutor import tuning
+
+    calls = [("all_reduce", 16), ("all_reduce", 1 << 20), ("all_gather", 64 << 10),
+             ("all_gather", 1 << 20), ("reduce", 1 << 20), ("all_to_all", 1 << 20)]
+
+    def ran() -> list[str]:
+        p = colltutor.world_size()
+        with torch.autograd.profiler.profile(record_shapes=True) as prof:
+            for collective, nbytes in calls:
+                x = torch.ones(nbytes // 4)
+                if collective == "all_reduce":
+                    colltutor.all_reduce(x)
+                elif collective == "reduce":
+                    colltutor.reduce(x, dst=0)
+                elif collective == "all_gather":
+                    colltutor.all_gather_into_tensor(x, x[:x.numel() // p].clone())
+                else:
+                    colltutor.all_to_all_single(torch.empty_like(x), x)
+        return [(e.kwinputs or {}).get("algorithm") for e in prof.function_events
+                if e.name.startswith("colltutor:")]
+
+    mpich = [tuning.choose(c, n, 4, "mpi4py") for c, n in calls]
+    assert mpich != [tuning.choose(c, n, 4, "gloo") for c, n in calls]
+    assert colltutor.run(ran, 4, backend="mpi", timeout=120) == [mpich] * 4
+
+
+_HANG = """
+import torch
+
+import colltutor
+
+
+def hang() -> int:
+    x = torch.ones(2)
+    if colltutor.rank() != 0:  # rank 0 never joins
+        colltutor.all_reduce(x, algorithm="ring")
+    return 0
+"""
+
+
+@needs_mpi
+def test_a_hang_under_plain_mpiexec_ends_as_under_run(tmp_path) -> None:
+    """A run that hangs under a plain ``mpiexec`` (``colltutor.launch``) ends after
+    its timeout with the error ``colltutor.run(..., backend="mpi")`` raises: rank 0
+    prints the same :class:`colltutor.RankTimeoutError`, naming the ranks that did
+    not finish, where each is blocked and who had returned, and every rank stops."""
+    import colltutor
+
+    timeout = 20
+    script = tmp_path / "hang.py"
+    script.write_text(_HANG + f"\ncolltutor.launch(hang, timeout={timeout})\n")
+    env = dict(os.environ, **MPI_ENV)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    started = time.monotonic()
+    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(script)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    took = time.monotonic() - started
+    assert done.returncode != 0 and took < timeout + 60, (took, done.stderr)
+    printed = done.stderr.split("RankTimeoutError: ", 1)[-1]
+    namespace: dict = {}
+    exec(_HANG, namespace)
+    with pytest.raises(colltutor.RankTimeoutError) as raised:
+        colltutor.run(namespace["hang"], 3, backend="mpi", timeout=timeout)
+    told = str(raised.value)
+    assert raised.value.pending == [1, 2]
+    assert told.startswith(f"timed out after {timeout} s: rank(s) 1, 2 of 3 did not")
+    assert "rank 0 had returned from the run's function" in told
+    assert printed.startswith(told), (printed, told)
 
 
 @needs_mpi

@@ -12,7 +12,10 @@ Ranks are started by ``mpiexec`` (``mpiexec -n 4 python script.py`` with
   (``MPI_Allreduce`` ...), the native peer that tests and benchmarks compare with,
   as ``ProcessGroupGloo``'s are under gloo;
 * :func:`init` registers that process group as the backend ``"mpi4py"`` and joins
-  ``MPI_COMM_WORLD``.  (``colltutor.run(fn, n, backend="mpi")``, which starts the
+  ``MPI_COMM_WORLD``;
+* :class:`Watchdog` ends a run that outlives its timeout with the
+  :class:`colltutor.RankTimeoutError` that ``colltutor.run`` raises, under a plain
+  ``mpiexec`` too.  (``colltutor.run(fn, n, backend="mpi")``, which starts the
   ranks with ``mpiexec``, is :mod:`colltutor.transports.mpiexec`.)
 
 PyTorch's own ``mpi`` backend (``ProcessGroupMPI``) exists only in builds of PyTorch
@@ -24,6 +27,9 @@ does, when MPI is asked for.
 from __future__ import annotations
 
 import datetime
+import threading
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -36,6 +42,7 @@ except ImportError as missing:
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
+from colltutor import status
 from colltutor.transports import Handle, Message
 
 BACKEND = "mpi4py"
@@ -75,6 +82,11 @@ class MpiTransport:
     (collectives, argument checks) travel in space 1, a communicator of their own,
     so that they never match a user's point-to-point messages, whatever the tags;
     MPI's tags end at ``MPI_TAG_UB`` (2**29 - 1 in MPICH)."""
+
+    segment_bytes = 1 << 30
+    """MPI moves a long message in pieces of its own (MPICH: its shared-memory cells
+    on a node, a rendezvous between nodes), as it does for its own collectives;
+    colltutor's segments would only add steps, so messages go whole (up to 1 GiB)."""
 
     def __init__(self, group: MpiGroup, space: int, tag: int) -> None:
         self.comm = group.own if space else group.comm
@@ -309,3 +321,64 @@ def init(timeout: datetime.timedelta) -> None:
     # torch.distributed wants a store; nothing travels through it (MPI does that)
     dist.init_process_group(BACKEND, store=dist.HashStore(), rank=world.Get_rank(),
                             world_size=world.Get_size(), timeout=timeout)
+
+
+# -- a run's timeout: every rank says where it is, rank 0 reports and aborts -------
+
+GRACE = 2.0
+"""Seconds rank 0 waits for the other ranks' reports once the timeout has passed."""
+
+_REPORT_TAG = 1
+
+Report = Callable[[list[int], dict[int, str], dict[int, tuple]], None]
+"""What rank 0 does with a timeout's reports: ``report(pending, statuses,
+collectives)``, the arguments of :class:`colltutor.RankTimeoutError`."""
+
+
+class Watchdog:
+    """The timeout of a run of ``MPI_COMM_WORLD``'s ranks (all of them make one).
+
+    When ``deadline`` (a ``time.time()``) passes before :meth:`stop`, each rank
+    sends rank 0, on a communicator of the watchdog's own, whether the run's
+    function has returned on it (:meth:`returned`), its status line and the
+    collectives it is in (:mod:`colltutor.status`); rank 0 hands them to ``report``
+    and ends every rank with ``MPI_Abort``.  A thread does this, since the main
+    thread may be blocked inside MPI.
+    """
+
+    def __init__(self, deadline: float, report: Report) -> None:
+        self.comm = MPI.COMM_WORLD.Dup()  # collective: every rank makes one
+        self.report = report
+        self.finished, self.stopped = False, threading.Event()
+        threading.Thread(target=self._watch, args=(deadline,), name="colltutor-timeout",
+                         daemon=True).start()
+
+    def returned(self) -> None:
+        """The run's function has returned on this rank."""
+        self.finished = True
+
+    def stop(self) -> None:
+        """The run is over on this rank: no timeout."""
+        self.stopped.set()
+
+    def _watch(self, deadline: float) -> None:
+        if self.stopped.wait(max(0.0, deadline - time.time())):
+            return
+        mine = (self.finished, status.status_text(), status.collectives())
+        if self.comm.Get_rank() != 0:
+            self.comm.send(mine, 0, _REPORT_TAG)
+            return
+        reports, size, found = {0: mine}, self.comm.Get_size(), MPI.Status()
+        until = time.monotonic() + GRACE
+        while len(reports) < size and time.monotonic() < until:
+            if self.comm.Iprobe(MPI.ANY_SOURCE, _REPORT_TAG, found):
+                source = found.Get_source()
+                reports[source] = self.comm.recv(None, source, _REPORT_TAG)
+            else:
+                time.sleep(0.01)
+        pending = [r for r in range(size) if r not in reports or not reports[r][0]]
+        try:
+            self.report(pending, {r: text for r, (_, text, _) in reports.items()},
+                        {r: where for r, (_, _, where) in reports.items()})
+        finally:
+            MPI.COMM_WORLD.Abort(1)

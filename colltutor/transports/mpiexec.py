@@ -4,7 +4,9 @@
 with :func:`rank_main` as each rank's program, and reads back what every rank left
 there: its result (or traceback) and what it printed, shown rank by rank as
 :func:`colltutor.run` shows them.  A rank that raises stops the run with
-``MPI_Abort``; a run that outlives its timeout is ended, mpiexec and ranks alike.
+``MPI_Abort``.  A run that outlives its timeout is ended by the ranks' own
+:class:`~colltutor.transports.mpi.Watchdog`, which leaves where each rank was for
+the timeout's report; failing that, mpiexec and ranks are ended from here.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any
 
 import torch.distributed as dist
 
-from colltutor.transports.mpi import MPI, init
+from colltutor import p2p, status
+from colltutor.transports.mpi import GRACE, MPI, Watchdog, init
 
 MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 """MPICH's ranks wait for messages by polling; this makes a waiting rank sleep a
@@ -41,12 +45,15 @@ def launcher() -> str:
 
 
 class Ended:
-    """How an mpiexec run ended: results by rank, or failures, or a timeout."""
+    """How an mpiexec run ended: results by rank, or failures, or a timeout (and
+    then, where the ranks said, each one's status and collectives)."""
 
     def __init__(self, results: list, failures: dict[int, str], timed_out: bool,
-                 pending: list[int]) -> None:
+                 pending: list[int], statuses: dict[int, str] | None = None,
+                 collectives: dict[int, tuple] | None = None) -> None:
         self.results, self.failures = results, failures
         self.timed_out, self.pending = timed_out, pending
+        self.statuses, self.collectives = statuses or {}, collectives or {}
 
 
 def run(payload: bytes, world_size: int, timeout: float) -> Ended:
@@ -58,9 +65,13 @@ def run(payload: bytes, world_size: int, timeout: float) -> Ended:
     env = {**MPI_ENV, "OMP_NUM_THREADS": "1", **os.environ}  # the caller's win
     env["PYTHONPATH"] = os.pathsep.join(
         [package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    endless = timeout == float("inf")
     with tempfile.TemporaryDirectory(prefix="colltutor-mpi-") as where:
         with open(os.path.join(where, "task"), "wb") as f:
             f.write(payload)
+        if not endless:  # the ranks' watchdogs end the run then
+            with open(os.path.join(where, "deadline"), "w") as f:
+                f.write(repr(time.time() + timeout))
         command = [launcher(), "-n", str(world_size), sys.executable, "-c",
                    "import sys; from colltutor.transports import mpiexec; "
                    "mpiexec.rank_main(sys.argv[1])", where]
@@ -68,13 +79,17 @@ def run(payload: bytes, world_size: int, timeout: float) -> Ended:
         started = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            started.wait(None if timeout == float("inf") else timeout)
+        try:  # past the deadline, the watchdogs' report and abort come first
+            started.wait(None if endless else timeout + GRACE + 10)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
             _stop(started, where, world_size)
+        report = _timeout_report(where)
+        if report is not None:
+            pending, statuses, collectives = report
+            return Ended([None] * world_size, {}, True, pending, statuses, collectives)
         results, failures, pending = [None] * world_size, {}, []
         for rank in range(world_size):
             _show(os.path.join(where, f"out.{rank}"), rank)
@@ -113,6 +128,15 @@ def _stop(started: subprocess.Popen, where: str, world_size: int) -> None:
             pass
 
 
+def _timeout_report(where: str) -> tuple | None:
+    """What rank 0's watchdog left: ``(pending, statuses, collectives)``."""
+    try:
+        with open(os.path.join(where, "timeout"), "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError):
+        return None
+
+
 def _show(path: str, rank: int) -> None:
     try:
         with open(path, errors="replace") as f:
@@ -138,10 +162,14 @@ def rank_main(where: str) -> None:
     init(datetime.timedelta(seconds=600))
     with open(os.path.join(where, "task"), "rb") as f:
         fn, args, kwargs = cloudpickle.loads(f.read())
+    watchdog = _watchdog(where)
     try:
-        result: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        with p2p.observe(status.StepWatcher()):
+            result: tuple[bool, Any] = (True, fn(*args, **kwargs))
     except BaseException:  # noqa: BLE001 (sent to the caller)
         result = (False, traceback.format_exc())
+    if watchdog is not None:
+        watchdog.returned()
     with open(os.path.join(where, f"result.{rank}.tmp"), "wb") as f:
         cloudpickle.dump(result, f)
     os.rename(os.path.join(where, f"result.{rank}.tmp"),
@@ -150,4 +178,23 @@ def rank_main(where: str) -> None:
     if not result[0]:
         MPI.COMM_WORLD.Abort(1)
     MPI.COMM_WORLD.Barrier()
+    if watchdog is not None:
+        watchdog.stop()
     dist.destroy_process_group()
+
+
+def _watchdog(where: str) -> Watchdog | None:
+    """The run's watchdog, if it has a deadline; on a timeout rank 0 leaves the
+    report in ``where/timeout`` for :func:`run`."""
+    try:
+        with open(os.path.join(where, "deadline")) as f:
+            deadline = float(f.read())
+    except OSError:
+        return None
+
+    def leave(pending: list[int], statuses: dict, collectives: dict) -> None:
+        with open(os.path.join(where, "timeout.tmp"), "wb") as f:
+            pickle.dump((pending, statuses, collectives), f)
+        os.rename(os.path.join(where, "timeout.tmp"), os.path.join(where, "timeout"))
+
+    return Watchdog(deadline, leave)
