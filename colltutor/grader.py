@@ -160,14 +160,9 @@ def _refusal(call: str) -> CheckFailure:
     return CheckFailure(_MARK + json.dumps({"kind": "native", "call": call}))
 
 
-class _Routes:
-    """The routes :func:`_guarded` lays, counted: in a simulation every rank is a
-    thread of one process, so they stay while any rank's code runs, and each
-    thread's calls go to its own rank's ``comm`` (``_local.comm``)."""
-
-    lock = threading.Lock()
-    users = 0
-    saved: list[tuple[object, str, object]] = []
+_routes = native.Swaps()
+"""The routes :func:`_guarded` lays, while any rank's code runs; each thread's calls
+go to its own rank's ``comm`` (``_local.comm``)."""
 
 
 @contextlib.contextmanager
@@ -180,26 +175,17 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
 
     outer = getattr(_local, "comm", None)
     _local.comm = comm
-    with _Routes.lock:
-        if _Routes.users == 0:
-            _Routes.saved = _route()
-        _Routes.users += 1
     try:
-        with native.refused(_refusal, NATIVE, [("colltutor", colltutor),
-                                               ("colltutor", api)]):
+        with _routes.held(_route), native.refused(
+                _refusal, NATIVE, [("colltutor", colltutor), ("colltutor", api)]):
             yield
     finally:
-        with _Routes.lock:
-            _Routes.users -= 1
-            if _Routes.users == 0:
-                for obj, name, value in _Routes.saved:
-                    setattr(obj, name, value)
         _local.comm = outer
 
 
-def _route() -> list[tuple[object, str, object]]:
-    """Send torch.distributed's point-to-point calls to this thread's ``comm``
-    (colltutor's transports call none of them); return what to restore."""
+def _route() -> list[native.Swap]:
+    """torch.distributed's point-to-point calls, each sent to this thread's ``comm``
+    (colltutor's transports call none of them)."""
     def send(tensor, dst=None, group=None, tag=0, group_dst=None):
         isend(tensor, dst, group, tag, group_dst).wait()
 
@@ -229,12 +215,7 @@ def _route() -> list[tuple[object, str, object]]:
     # one function per name in both modules: P2POp compares them by identity
     ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
             "batch_isend_irecv": batch}
-    routes = [(module, name, fn) for name, fn in ours.items()
-              for module in (dist, c10d)]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in routes]
-    for obj, name, value in routes:
-        setattr(obj, name, value)
-    return saved
+    return [(module, name, fn) for name, fn in ours.items() for module in (dist, c10d)]
 
 
 def _expected(collective: str, case: Case, rank: int, p: int) -> dict:

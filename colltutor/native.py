@@ -28,13 +28,43 @@ Refusal = Callable[[str], BaseException]
 """What a refused call raises, made from its name (``"torch.distributed.barrier"``)."""
 
 
-class _State:
-    """Who is inside :func:`refused`, counted: the grader's simulated ranks are
-    threads of one process, so the refusals stay while any of them is inside."""
+Swap = tuple[object, str, object]
+"""``(object, attribute name, value)``: an attribute replaced, or its original."""
 
-    lock = threading.Lock()
-    users = 0
-    saved: list[tuple[ModuleType, str, object]] = []
+
+class Swaps:
+    """Attributes replaced for as long as anyone is inside :meth:`held`, counted:
+    the grader's simulated ranks are threads of one process, so the swaps stay
+    while any of them is inside; the originals come back with the last one out."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: list[Swap] = []
+
+    @contextlib.contextmanager
+    def held(self, swaps: Callable[[], list[Swap]]) -> Iterator[None]:
+        """Inside, the attributes ``swaps()`` names have its values (made by the
+        first one in; nested and concurrent uses share them)."""
+        with self.lock:
+            if self.users == 0:
+                made = swaps()
+                self.saved = [(obj, name, getattr(obj, name)) for obj, name, _ in made]
+                for obj, name, value in made:
+                    setattr(obj, name, value)
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    for obj, name, value in self.saved:
+                        setattr(obj, name, value)
+                    self.saved = []
+
+
+_refusals = Swaps()
 
 
 @contextlib.contextmanager
@@ -44,32 +74,12 @@ def refused(refusal: Refusal, names: Sequence[str] = COLLECTIVES,
     of ``modules``, given as ``(shown name, module)``, where it has one) raises
     ``refusal(name)``.  Nested and concurrent uses share the first one's
     refusals."""
-    with _State.lock:
-        if _State.users == 0:
-            _State.saved = _install(refusal, names, modules)
-        _State.users += 1
-    try:
-        yield
-    finally:
-        with _State.lock:
-            _State.users -= 1
-            if _State.users == 0:
-                for module, name, fn in _State.saved:
-                    setattr(module, name, fn)
-                _State.saved = []
-
-
-def _install(refusal: Refusal, names: Sequence[str],
-             modules: Sequence[tuple[str, ModuleType]]
-             ) -> list[tuple[ModuleType, str, object]]:
     where = [("torch.distributed", dist), ("torch.distributed", dist.distributed_c10d),
              *modules]
-    swaps = [(module, name, _refuse(refusal, f"{shown}.{name}"))
-             for shown, module in where for name in names if hasattr(module, name)]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in swaps]
-    for module, name, fn in swaps:
-        setattr(module, name, fn)
-    return saved
+    with _refusals.held(lambda: [(module, name, _refuse(refusal, f"{shown}.{name}"))
+                                 for shown, module in where for name in names
+                                 if hasattr(module, name)]):
+        yield
 
 
 def _refuse(refusal: Refusal, call: str) -> Callable:
