@@ -180,8 +180,8 @@ SPELLINGS: dict[str, Spelling] = _spellings()
 
 FUNCTIONS: tuple[str, ...] = tuple(
     name for name, s in SPELLINGS.items() if s.renames is None and not s.coalesced)
-"""The public functions that take their own arguments: every spelling but the
-renames and the coalesced calls, which call one of these."""
+"""The public functions that take their own arguments, every spelling but the
+renames and the coalesced calls (which call one of these)."""
 
 
 COLLECTIVES: dict[str, Collective] = {c.name: c for c in (

@@ -61,8 +61,9 @@ def counts(collective: str, algorithm: str, p: int, count: int, itemsize: int = 
     the algorithm's declaration (:mod:`colltutor.registry`) states them.
 
     ``params``: the algorithm's own parameters, as it would be called with them
-    (``k=4`` for nodes of 4 ranks, ``channels=4``, ``chunks=8``; :attr:`colltutor.
-    registry.Algorithm.params` names them); the algorithm's defaults otherwise.
+    (``k=4`` for nodes of 4 ranks, ``channels=4``, ``chunks=8``;
+    :attr:`colltutor.registry.Algorithm.params` names them); the algorithm's
+    defaults otherwise.
     Nothing is read from the environment: a hierarchical algorithm's nodes are of
     :data:`~colltutor.collectives.hierarchy.RANKS_PER_NODE` ranks unless ``k``
     says otherwise, whatever ``LOCAL_WORLD_SIZE`` is."""

@@ -51,8 +51,8 @@ class Algorithm:
 
     @property
     def params(self) -> tuple[str, ...]:
-        """The parameters its counts and cost take besides the sizes: its own
-        (``k``, ``channels``, ``chunks``, ...), and ``k``, the ranks of a node,
+        """The parameters its counts and cost take besides the sizes, its own
+        (``k``, ``channels``, ``chunks``, ...) and ``k``, the ranks of a node,
         where its shape depends on the nodes."""
         return _params(self.cost, 2)
 

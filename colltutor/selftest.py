@@ -209,9 +209,11 @@ def _wait(work) -> None:
         work.wait()
 
 
-def native_collectives_forbidden() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def native_collectives_forbidden() -> Iterator[None]:
     """Make every torch.distributed collective raise while colltutor runs."""
-    return native.refused(_forbidden, NATIVE)
+    with native.refused(_forbidden, NATIVE):
+        yield
 
 
 def _forbidden(call: str) -> AssertionError:

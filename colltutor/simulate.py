@@ -102,7 +102,7 @@ class Result:
     """NCCL's algorithm and protocol that this run stands for, as a pair; the one
     simulate ran for NCCL's choice, or the counterpart of the algorithm named."""
     options: dict[str, Any] = field(default_factory=dict)
-    """The algorithm's keyword arguments: those given, or NCCL's channels when
+    """The algorithm's keyword arguments, those given or NCCL's channels when
     simulate ran NCCL's choice across nodes (:func:`as_nccl_runs`)."""
 
     @property

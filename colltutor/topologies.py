@@ -84,8 +84,8 @@ class Protocol:
     line (120/128 payload; NCCL's model counts 0.92; ``DEFAULT_LL128_BUFFSIZE`` =
     120 elements x 640 threads x 8 steps x 8 bytes); Simple sends 4 MiB buffers
     (``DEFAULT_BUFFSIZE``) of 8 steps and waits for them (more latency).  Across
-    nodes a step moves at the GPU-NIC path's rate (:data:`GPU_NIC` of the NIC's
-    :data:`NIC`).  The bandwidth caps of NCCL's model are :func:`protocol_cap`'s.
+    nodes a step moves at the GPU-NIC path's rate (``GPU_NIC`` of the NIC's
+    ``NIC``).  The bandwidth caps of NCCL's model are :func:`protocol_cap`'s.
     """
 
     name: str

@@ -52,8 +52,8 @@ def exchange_reduce(comm: Comm, sends: list[Message],
 
 
 Steps = Generator[tuple[list[Message], list[Message]], None, None]
-"""A channel's program: it yields each step's ``(sends, recvs)`` in its view's ranks
-and, once the step is over (the yield returns), combines what arrived."""
+"""A channel's program, which yields each step's ``(sends, recvs)`` in its view's
+ranks and, once the step is over (the yield returns), combines what arrived."""
 
 
 def together(views: list[Comm], program: Callable[[Comm], Steps]) -> None:

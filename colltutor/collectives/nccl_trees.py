@@ -128,8 +128,8 @@ def counts(p: int, n: int, s: int, channels: int = 2, k: int | None = None
     """A rank sends each chunk of a channel's part to its parent and to each
     child in that channel's tree; channel ``c``'s last chunk reaches its deepest
     rank ``2 h_c + k_c - 1`` rounds after the first left (height ``h_c``,
-    ``k_c`` chunks); nodes of ``k`` ranks (:func:`~colltutor.collectives.hierarchy.
-    node_size`)."""
+    ``k_c`` chunks); nodes of ``k`` ranks
+    (:func:`~colltutor.collectives.hierarchy.node_size`)."""
     k, parts = hierarchy.node_size(p, k), block_sizes(n, 2 * max(1, channels // 2))
     trees = [nodes(r, p, k, channels) for r in range(p)]
     rounds = max([2 * h + chunks(part, s) - 1 for h, part in

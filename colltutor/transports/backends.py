@@ -40,7 +40,7 @@ TAG_PLAN = {
     "own": range(OWN, HEADER_BIT),
     "header": range(HEADER_BIT, 2 * HEADER_BIT),
 }
-"""Every tag colltutor sends with, by what it carries: the user's own point-to-point
+"""Every tag colltutor sends with, by what it carries.  The user's own point-to-point
 tags (``torch.distributed``'s ``tag=``), colltutor's own messages (:data:`COLLECTIVE`
 and :data:`AGREEMENT`, apart from any tag a user picks), and the headers of users'
 messages, which the argument checks send ahead of the payload.  A backend maps the
@@ -96,7 +96,7 @@ class Backend:
     """Makes the transport of one of its groups; None where the launcher makes the
     transports (threads, simulated actors)."""
     launcher: str
-    """What starts its ranks: :data:`FORK`, :data:`MPIEXEC`, :data:`THREADS` or
+    """What starts its ranks, :data:`FORK`, :data:`MPIEXEC`, :data:`THREADS` or
     :data:`SIMGRID`."""
     join: Join | None
     """How a rank joins the default group; None where the launcher does it."""

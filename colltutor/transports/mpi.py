@@ -84,8 +84,8 @@ class MpiTransport:
     MPI's tags end at ``MPI_TAG_UB`` (2**29 - 1 in MPICH)."""
 
     segment_bytes = 1 << 30
-    """MPI moves a long message in pieces of its own (MPICH: its shared-memory cells
-    on a node, a rendezvous between nodes), as it does for its own collectives;
+    """MPI moves a long message in pieces of its own (MPICH uses its shared-memory
+    cells on a node, a rendezvous between nodes), as it does for its own collectives;
     colltutor's segments would only add steps, so messages go whole (up to 1 GiB)."""
 
     def __init__(self, group: MpiGroup, space: int, tag: int) -> None:
@@ -331,8 +331,8 @@ GRACE = 2.0
 _REPORT_TAG = 1
 
 Report = Callable[[list[int], dict[int, str], dict[int, tuple]], None]
-"""What rank 0 does with a timeout's reports: ``report(pending, statuses,
-collectives)``, the arguments of :class:`colltutor.RankTimeoutError`."""
+"""What rank 0 does with a timeout's reports, ``report(pending, statuses,
+collectives)`` with the arguments of :class:`colltutor.RankTimeoutError`."""
 
 
 class Watchdog:
