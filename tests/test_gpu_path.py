@@ -276,7 +276,8 @@ def test_outside_the_emulation_tensors_carry_no_mark() -> None:
 def test_two_threads_posting_on_one_communicator_at_once_are_refused() -> None:
     import threading
 
-    group = object()  # the emulation keys its streams by the group
+    group = type("Group", (), {})()  # the emulation keys its streams by the group,
+    # weakly (a group that is let go of takes its stream with it)
     stream = nccl_rules._stream(group)
     seen: list = []
     with stream.posting:  # another thread is in the middle of posting a group
