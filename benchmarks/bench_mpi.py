@@ -15,11 +15,12 @@ own calls (and a bare mpi4py ``Sendrecv``).  ``--algorithms-only`` instead times
 every colltutor all-reduce algorithm against MPICH's ``MPI_Allreduce`` on MPI.
 ``--backends mpi`` times MPI alone (the gloo columns then read nan); at the end a
 summary gives, per world size, MPICH's time over colltutor's at 1 MiB and above
-(each collective, and their geometric mean).
+(each collective, and their geometric mean); ``--summarize a.json b.json ...`` gives
+it for several stored runs, each ratio the median over the runs.
 
 Run:  nice -n 10 python benchmarks/bench_mpi.py [--ranks 2 4] [--rounds 5]
           [--backends gloo mpi] [--sizes 1K 1M 16M] [--json out.json]
-          [--algorithms-only]
+          [--algorithms-only] [--summarize run1.json run2.json ...]
 """
 
 from __future__ import annotations
@@ -137,9 +138,17 @@ def main() -> None:
     ap.add_argument("--algorithms-only", action="store_true",
                     help="only every all-reduce algorithm against MPICH's, on MPI")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--summarize", nargs="+", metavar="JSON",
+                    help="only the summary, of runs stored with --json (medians)")
     args = ap.parse_args()
     if args.algorithms_only:
         return all_reduce_algorithms(args)
+    if args.summarize:
+        stored = []
+        for path in args.summarize:
+            with open(path) as f:
+                stored += json.load(f)
+        return summary(stored)
     print(f"float32, sum; microseconds per call, median of {args.rounds} alternating "
           "rounds; busbw in GB/s (GB = 1e9 bytes)")
     print("ct = colltutor's default algorithm on that backend; gloo = "
@@ -202,23 +211,28 @@ def main() -> None:
 
 def summary(results: list[dict]) -> None:
     """MPICH's time over colltutor's at 1 MiB and above, per world size: each
-    collective's ratios by size, and the geometric mean of all of them."""
-    print("\nMPICH / ct at 1 MiB and above (colltutor's default over MPI; >= 1: "
-          "colltutor as fast or faster)")
-    for p in sorted({r["p"] for r in results}):
-        ratios: dict[str, list[float]] = {}
-        for r in results:
-            m = r["mpi"]
-            if r["p"] == p and m["bytes"] >= 1 << 20:
-                ratios.setdefault(m["collective"], []).append(
-                    m["native_us"] / m["colltutor_us"])
-        every = [x for xs in ratios.values() for x in xs]
-        for collective, xs in ratios.items():
+    collective's ratio at each size (the median over runs, where ``results`` holds
+    several), and the geometric mean of those."""
+    ratios: dict[tuple[int, str], dict[int, list[float]]] = {}
+    for r in results:
+        m = r.get("mpi", {})
+        if m.get("bytes", 0) >= 1 << 20:
+            by_size = ratios.setdefault((r["p"], m["collective"]), {})
+            ratio = m["native_us"] / m["colltutor_us"]
+            by_size.setdefault(m["bytes"], []).append(ratio)
+    runs = max((len(x) for by_size in ratios.values() for x in by_size.values()),
+               default=0)
+    print(f"\nMPICH / ct at 1 MiB and above (colltutor's default over MPI; median of "
+          f"{runs} run(s); >= 1: colltutor as fast or faster)")
+    for p in sorted({p for p, _ in ratios}):
+        medians = {c: [statistics.median(x) for _, x in sorted(by_size.items())]
+                   for (q, c), by_size in ratios.items() if q == p}
+        every = [x for xs in medians.values() for x in xs]
+        for collective, xs in medians.items():
             print(f"{p:>2} {collective:<15} " + " ".join(f"{x:5.2f}" for x in xs))
-        if every:
-            geomean = math.exp(sum(map(math.log, every)) / len(every))
-            print(f"{p:>2} {'geomean':<15} {geomean:5.2f} ({len(every)} ratios, "
-                  f"worst {min(every):.2f})")
+        geomean = math.exp(sum(map(math.log, every)) / len(every))
+        print(f"{p:>2} {'geomean':<15} {geomean:5.2f} ({len(every)} ratios, "
+              f"worst {min(every):.2f})")
 
 
 def all_reduce_algorithms(args: argparse.Namespace) -> None:

@@ -86,10 +86,6 @@ def run(payload: bytes, world_size: int, timeout: float) -> Ended:
             timed_out = True
         finally:
             _stop(started, where, world_size)
-        report = _timeout_report(where)
-        if report is not None:
-            pending, statuses, collectives = report
-            return Ended([None] * world_size, {}, True, pending, statuses, collectives)
         results, failures, pending = [None] * world_size, {}, []
         for rank in range(world_size):
             _show(os.path.join(where, f"out.{rank}"), rank)
@@ -103,6 +99,9 @@ def run(payload: bytes, world_size: int, timeout: float) -> Ended:
                 results[rank] = value
             else:
                 failures[rank] = value
+        report = _timeout_report(where)  # rank 0's watchdog ended the run
+        if report is not None:
+            return Ended(results, {}, True, *report)
         if pending and not timed_out and not failures:
             failures = {r: "the rank ended without a result (killed, or mpiexec "
                            "failed)" for r in pending}
