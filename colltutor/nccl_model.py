@@ -180,6 +180,13 @@ def ring_graph(cluster: Cluster) -> Graph:
                  nvlink=cluster.gpus > 1)
 
 
+def comm_channels(cluster: Cluster) -> int:
+    """The channels a communicator opens: its ring graph's, doubled, at most
+    ``MAXCHANNELS`` = 2 x ``MAX_CHANNELS`` (``ncclTopoPostset``,
+    ``src/graph/connect.cc``)."""
+    return min(2 * MAX_CHANNELS, 2 * ring_graph(cluster).channels)
+
+
 def tree_graph(cluster: Cluster) -> Graph:
     """The tree graph: init.cc searches it with as many channels as the ring
     (``treeGraph->minChannels = maxChannels = ringGraph->nChannels``); on H100 it

@@ -255,14 +255,9 @@ def as_nccl_runs(algorithm: str | None, cluster: nccl_model.Cluster,
     every channel's ring is the flat ring, which is then run once."""
     if cluster.nodes == 1 or algorithm not in ("ring", "nccl_tree") or options:
         return algorithm, options
-    channels = min(MAXCHANNELS, 2 * nccl_model.ring_graph(cluster).channels)
+    channels = nccl_model.comm_channels(cluster)
     return ("multi_channel_ring" if algorithm == "ring" else algorithm,
             {"channels": channels})
-
-
-MAXCHANNELS = 64
-"""NCCL's most channels a communicator opens (``MAXCHANNELS``,
-``src/include/device.h``, NCCL 2.30.7)."""
 
 
 def check_pat(cluster: nccl_model.Cluster, name: str) -> None:
