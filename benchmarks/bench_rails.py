@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from colltutor import simulate
+from colltutor import simulation
 from colltutor.bench import human, parse_size
 
 RUNS = [("ring", {}), ("multi_channel_ring", {"channels": 8}),
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     for n in nodes:
         for semantics in ("lockstep", "fifo"):
             for name, options in RUNS:
-                r = simulate.simulate("all_reduce", size, f"h100-cluster:{n}", name,
+                r = simulation.simulate("all_reduce", size, f"h100-cluster:{n}", name,
                                       options=options, semantics=semantics)
                 label = name + "".join(f" {k}={v}" for k, v in options.items())
                 print(f"h100-cluster:{n:<3} {semantics:9} {label:32} "

@@ -52,7 +52,7 @@ import tempfile
 import time
 
 import colltutor
-from colltutor import cost, nccl_model, registry, topologies
+from colltutor import clusters, cost, registry
 from colltutor.bench import human, parse_size, sweep
 
 PUBLISHED = {
@@ -117,7 +117,7 @@ def speed(ranks: list[int], nbytes: int, budget: int,
 
 
 def _timed(topology: str, nbytes: int, semantics: str, replay: bool,
-           cache: str | None = None) -> tuple[float, colltutor.simulate.Result]:
+           cache: str | None = None) -> tuple[float, colltutor.simulation.Result]:
     """One ring all-reduce end to end (real seconds, the result); ``cache``: the
     records' directory (a fresh one makes the run record its messages)."""
     saved = os.environ.get("COLLTUTOR_CACHE")
@@ -177,19 +177,19 @@ def replay_speed(ranks: list[int], nbytes: int, semantics: str,
     print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def without_latency() -> topologies.Star:
+def without_latency() -> clusters.Star:
     """``h100-node`` (Simple) with no latency per message: what the ring would reach
     if every segment's latency were hidden, as NCCL's chunks in flight hide it."""
-    node = topologies.h100_node()
-    return topologies.Star("h100-node/simple, no latency", node.ranks, node.bandwidth,
+    node = clusters.h100_node()
+    return clusters.Star("h100-node/simple, no latency", node.ranks, node.bandwidth,
                            0.0, node.gamma, nvls=node.nvls, eager=True)
 
 
 def model_busbw(collective: str, algorithm: str, nbytes: int, topology: str
                 ) -> tuple[float | None, str]:
-    """NCCL's tuning model (:mod:`colltutor.nccl_model`) for ``algorithm``'s
+    """NCCL's tuning model (:mod:`colltutor.nccl_tuning`) for ``algorithm``'s
     counterpart, its best protocol: busbw in GB/s and the pair, or ``None``."""
-    model = nccl_model.predict(collective, nbytes, topology)
+    model = clusters.predict(collective, nbytes, topology)
     pair = model.counterpart(algorithm) if model else None
     return (model.busbw(pair) / 1e9, "/".join(pair)) if pair else (None, "")
 
@@ -197,7 +197,7 @@ def model_busbw(collective: str, algorithm: str, nbytes: int, topology: str
 def model_us(collective: str, algorithm: str, nbytes: int, topology: str
              ) -> tuple[float | None, str]:
     """The same, as a time in microseconds."""
-    model = nccl_model.predict(collective, nbytes, topology)
+    model = clusters.predict(collective, nbytes, topology)
     pair = model.counterpart(algorithm) if model else None
     return (model[pair] * 1e6, "/".join(pair)) if pair else (None, "")
 
@@ -354,7 +354,7 @@ def machine_fidelity(sizes: list[int], ranks: list[int]) -> list[dict]:
     for p in ranks:
         measured = {row["bytes"]: row["time_us"] for row in
                     sweep("all_reduce", ["ring"], p, sizes, options)}
-        machine = topologies.this_machine(fit["alpha"], fit["beta"], fit["gamma"],
+        machine = clusters.this_machine(fit["alpha"], fit["beta"], fit["gamma"],
                                           ranks=p)
         for n in sizes:
             sim = colltutor.simulate("all_reduce", n, machine, "ring", real=False,
@@ -393,7 +393,7 @@ SWEEP = {"semantics": "fifo", "replay": True}
 
 CHANNELS = {"multi_channel_ring": {"channels": 16}, "nccl_tree": {"channels": 16}}
 """NCCL's channels on H100 nodes: the search finds 8 rings or trees across nodes
-(:func:`colltutor.nccl_model.ring_graph`), and ``ncclTopoPreset``
+(:func:`colltutor.nccl_tuning.ring_graph`), and ``ncclTopoPreset``
 (``src/graph/connect.cc``, NCCL 2.30.7) duplicates them ("Duplicate channels
 rings/trees")."""
 
@@ -403,7 +403,7 @@ def one(collective: str, algorithm: str, topology: str, nbytes: int, budget: int
     """Simulate one case (meta tensors) and return its row, with NCCL's model for
     the pair it stands for and NCCL's own choice; skipped, and said so, when the
     algorithm's declared message count is over ``budget``."""
-    p = colltutor.topologies.get(topology).ranks
+    p = colltutor.clusters.get(topology).ranks
     row = {"collective": collective, "algorithm": algorithm, "topology": topology,
            "p": p, "bytes": nbytes}
     expect = messages(collective, algorithm, p, nbytes)

@@ -5,7 +5,7 @@ The public functions have the names, parameters and in-place semantics of
 """
 
 from colltutor import backend as _backend
-from colltutor import cost, nccl_model, simulate, topologies, trace
+from colltutor import clusters, cost, nccl_tuning, simulation, tracing
 from colltutor.api import (
     Work,
     algorithms,
@@ -32,6 +32,7 @@ from colltutor.api import (
     synchronize,
     use,
 )
+from colltutor.clusters import nccl_model, topologies
 from colltutor.grader import check
 from colltutor.guards import MismatchError, PeerArgumentError, set_checks
 from colltutor.ops import ReduceOp
@@ -48,6 +49,8 @@ from colltutor.runtime import (
     shutdown,
     world_size,
 )
+from colltutor.simulation import simulate
+from colltutor.tracing import record as trace
 
 _backend.register()  # dist.init_process_group("colltutor") from here on
 
@@ -56,10 +59,11 @@ __all__ = [
     "RankTimeoutError", "ReduceOp", "Work", "algorithms", "all_gather",
     "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single",
     "all_reduce", "all_reduce_coalesced", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "check", "cost", "device",
+    "all_to_all_single", "barrier", "broadcast", "check", "clusters", "cost", "device",
     "environment", "gather", "init", "irecv", "isend", "launch", "nccl_model",
+    "nccl_tuning",
     "rank", "recv",
     "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
-    "run", "scatter", "send", "set_checks", "shutdown", "simulate", "synchronize",
-    "topologies", "trace", "use", "world_size",
+    "run", "scatter", "send", "set_checks", "shutdown", "simulate", "simulation",
+    "synchronize", "topologies", "trace", "tracing", "use", "world_size",
 ]

@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "compare every collective and algorithm with the native backend"),
     "gpucheck": ("colltutor.gpucheck",
                  "check this machine's GPUs: one line per check (run it first)"),
-    "simulate": ("colltutor.simulate",
+    "simulate": ("colltutor.simulation",
                  "time a collective on a simulated cluster (SimGrid): busbw, messages"),
     "classroom": ("colltutor.classroom",
                   "student and instructor editions of the notebooks; nbgrader course"),

@@ -1,7 +1,7 @@
 """Animations of an algorithm that play in a static web page, no kernel needed.
 
 ``animate.html("all_reduce", "ring")`` runs the algorithm for real on 4 ranks,
-traces it (:func:`colltutor.trace.run_collective`) and renders one frame per round
+traces it (:func:`colltutor.tracing.run_collective`) and renders one frame per round
 with :func:`colltutor.draw.frame`, then the result.  The frames and the player (play,
 step, loop buttons and a slider) are packed into one self-contained HTML snippet by
 matplotlib's ``to_jshtml``: images are inline, and the player's script and style are
@@ -17,7 +17,7 @@ import re
 from matplotlib.animation import FuncAnimation
 
 from colltutor import draw
-from colltutor.trace import Trace, run_collective
+from colltutor.tracing import Trace, run_collective
 
 
 def animation(trace: Trace, dpi: int = 72) -> FuncAnimation:

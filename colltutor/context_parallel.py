@@ -143,12 +143,12 @@ def attention_step(chunk: int = 4, heads: int = 2, dim: int = 4,
     """One rank's part of ring attention on fixed random Q, K, V (seed 0) of
     ``2 * chunk`` tokens per rank, traced: its output block (on the CPU), its tile
     count and its trace."""
-    from colltutor import runtime, trace
+    from colltutor import runtime, tracing
 
     rank, p = dist.get_rank(), dist.get_world_size()
     q, k, v = inputs(2 * p * chunk, heads, dim)
     mine = [shard(x, p, rank, layout).to(runtime.device()) for x in (q, k, v)]
-    with trace.record() as t:
+    with tracing.record() as t:
         out, count = ring_attention(*mine, causal=causal, layout=layout)
     return out.cpu(), count, t
 

@@ -4,7 +4,7 @@ Two kinds of numbers, for every collective and algorithm:
 
 * :func:`counts` -- exactly how many rounds, messages and bytes an algorithm sends,
   as a closed form in ``p`` and ``n``.  The tests check these against real traces
-  (:meth:`colltutor.trace.Trace.counts`) for several world sizes, which is also how
+  (:meth:`colltutor.tracing.Trace.counts`) for several world sizes, which is also how
   an exercise checker tells a ring from a naive solution.
 * :func:`predict` -- the time the alpha-beta-gamma model gives (``alpha`` seconds
   per message, ``beta`` seconds per byte sent, ``gamma`` seconds per byte reduced),
@@ -25,7 +25,7 @@ each its own message).  The pipelined broadcast's segments are counted
 relabels the ranks of a tree, except that a subtree whose blocks wrap past rank
 ``p - 1`` travels as two messages: bytes and rounds stay the same.
 
-"Rounds" is the trace's definition (:func:`colltutor.trace.merge`): the length of the
+"Rounds" is the trace's definition (:func:`colltutor.tracing.merge`): the length of the
 chain of messages that depend on each other, so a step in which the root posts
 ``p - 1`` sends at once is one round.  The model's latency term counts such a step
 as ``p - 1`` alphas, since one link carries them one after another.
@@ -194,8 +194,8 @@ def compare(trace: object, collective: str | None = None,
     """What a trace counted against what :func:`counts` says: ``{name: (counted,
     formula)}`` for every number that differs (empty: they agree).
 
-    ``trace`` is a merged :class:`colltutor.trace.Trace`; the collective, algorithm
-    and element count come from its ``meta`` (as :func:`trace.run_collective` sets
+    ``trace`` is a merged :class:`colltutor.tracing.Trace`; the collective, algorithm
+    and element count come from its ``meta`` (as :func:`tracing.run_collective` sets
     them) unless given.  Exercise checkers use it to tell a ring from a naive ring.
     """
     meta = trace.meta  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """Pictures of a collective, drawn from what its trace says it did.
 
-Every function but :func:`model` takes a merged :class:`colltutor.trace.Trace`
-(for example from ``trace.run_collective("all_reduce", 4, "ring")``) and returns a
+Every function but :func:`model` takes a merged :class:`colltutor.tracing.Trace`
+(for example from ``tracing.run_collective("all_reduce", 4, "ring")``) and returns a
 matplotlib :class:`~matplotlib.figure.Figure`; nothing is shown or printed, and the
 same trace always gives the same picture (fixed colours, no times or dates in
 titles).
@@ -15,7 +15,7 @@ titles).
 * :func:`frame` -- one round of an animation: the buffers and that round's arrows.
 * :func:`model` -- every algorithm's predicted time against size (no trace needed).
 
-Cell labels come from :func:`colltutor.trace.decode`: ``2:5`` is element 5 as rank 2
+Cell labels come from :func:`colltutor.tracing.decode`: ``2:5`` is element 5 as rank 2
 holds it at the start; ``Σ0-3:5`` is element 5 summed over ranks 0 to 3.  Colours
 are Okabe and Ito's palette, which readers with any common colour blindness tell
 apart: one colour per rank for data from one rank, stripes of the contributors'
@@ -41,7 +41,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from colltutor.p2p import block_sizes
-from colltutor.trace import EMPTY, Trace, decode
+from colltutor.tracing import EMPTY, Trace, decode
 
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00",
              "#CC79A7", "#999999")

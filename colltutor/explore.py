@@ -3,7 +3,7 @@ count and a round, and watch the algorithm run (in Jupyter, with ipywidgets).
 
 ``explore.explorer()`` returns the widget.  Every change of collective, algorithm,
 world size or count runs the algorithm for real on that many ranks
-(:func:`colltutor.trace.run_collective`) and redraws from the new trace; moving the
+(:func:`colltutor.tracing.run_collective`) and redraws from the new trace; moving the
 round slider only redraws.  The static website cannot run ranks, so it shows
 :func:`static_html` instead: the same drawing for one setting, with a note that the
 explorer is live in Jupyter.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from matplotlib.figure import Figure
 
 from colltutor import draw
-from colltutor.trace import COLLECTIVES, Trace, algorithms, run_collective
+from colltutor.tracing import COLLECTIVES, Trace, algorithms, run_collective
 
 VIEWS: dict[str, Callable[[Trace, int], Figure]] = {
     "round by round": lambda t, k: draw.frame(t, k),
@@ -141,7 +141,7 @@ def trace_data(trace: Trace) -> dict:
 
     ``buffers``: the watched buffers' names; ``states[name][k][r]``: rank ``r``'s
     buffer ``name`` as round ``k`` starts (``k == rounds``: at the end), values as
-    :func:`colltutor.trace.encode` makes them; ``messages``: ``[round, src, dst,
+    :func:`colltutor.tracing.encode` makes them; ``messages``: ``[round, src, dst,
     elements, buffer read, lo, hi, buffer written, lo, hi]`` (buffer -1 and
     ``lo == hi == 0``: a scratch tensor, not a watched buffer).
     """
@@ -169,7 +169,7 @@ def export(sizes: Iterable[int] = EXPORT_SIZES, timeout: float = 120) -> dict:
     "traces": {"name/algorithm/p":
     trace_data}, "skipped": {"name/algorithm/p": reason}}``.  An algorithm that
     refuses a world size is skipped there, with the reason."""
-    from colltutor.trace import run_collectives
+    from colltutor.tracing import run_collectives
 
     sizes = list(sizes)
     cases = [(c, a) for c in COLLECTIVES for a in algorithms(c)]

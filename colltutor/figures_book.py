@@ -30,8 +30,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
-from colltutor import draw, trace
-from colltutor.trace import Trace, decode
+from colltutor import draw, tracing
+from colltutor.tracing import Trace, decode
 
 SMALL = (  # the runs on 4 ranks, one element per rank
     ("all_reduce", None), ("all_gather", None), ("reduce_scatter", None),
@@ -56,7 +56,7 @@ def _runs(ranks: int) -> dict[tuple[str, str | None], Trace]:
     """Every run one world size needs, in one launch of ``ranks`` processes."""
     wanted = SMALL if ranks == 4 else LARGE
     cases = [(c, a, ranks, 0, "sum") for c, a in wanted]
-    return dict(zip(wanted, trace.run_collectives(ranks, cases, warmup=False),
+    return dict(zip(wanted, tracing.run_collectives(ranks, cases, warmup=False),
                     strict=True))
 
 
@@ -443,10 +443,10 @@ def _pipeline_rank(count: int, segments: int) -> Trace:
     from colltutor.collectives import broadcast
 
     rank = dist.get_rank()
-    buf = torch.full((count,), trace.EMPTY, dtype=torch.int64)
+    buf = torch.full((count,), tracing.EMPTY, dtype=torch.int64)
     if rank == 0:
-        buf[:] = torch.tensor([trace.encode(0, i) for i in range(count)])
-    with trace.record() as t:
+        buf[:] = torch.tensor([tracing.encode(0, i) for i in range(count)])
+    with tracing.record() as t:
         broadcast.pipelined_ring(p2p.Comm(), t.watch(buf), 0, segments=segments)
     return t
 
@@ -455,7 +455,7 @@ def pipelined_broadcast(fontsize: float = 12.0) -> list[Figure]:
     """Chapter 3: the pipelined-ring broadcast on 4 ranks in 4 segments."""
     from colltutor import runtime
 
-    t = trace.merge(runtime.run(_pipeline_rank, 4, 4, 4, backend="gloo",
+    t = tracing.merge(runtime.run(_pipeline_rank, 4, 4, 4, backend="gloo",
                                 timeout=120), collective="broadcast",
                     algorithm="pipelined_ring", root=0)
     return [butterfly(t, "pipelined-ring broadcast, 4 ranks, 4 segments",
@@ -497,7 +497,7 @@ def _only_own_block(t: Trace) -> Trace:
         for name, values in rt.final.items():
             n = len(values)
             lo, hi = r * n // t.size, (r + 1) * n // t.size
-            rt.final[name] = [v if lo <= i < hi else trace.EMPTY
+            rt.final[name] = [v if lo <= i < hi else tracing.EMPTY
                               for i, v in enumerate(values)]
     return t
 

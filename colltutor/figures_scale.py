@@ -127,9 +127,9 @@ def double_tree_odd(fontsize: float = MIN) -> list[Figure]:
 # -- Chapters 10 and 12: machines ------------------------------------------------------
 
 def gpu_nodes(fontsize: float = MIN) -> list[Figure]:
-    """Two nodes of :func:`colltutor.topologies.h100_cluster`: eight GPUs on an
+    """Two nodes of :func:`colltutor.clusters.h100_cluster`: eight GPUs on an
     NVSwitch each, one NIC per GPU into the network; link rates from that model."""
-    from colltutor.topologies import GB, RailCluster
+    from colltutor.clusters import GB, RailCluster
 
     cluster = RailCluster("drawing", 2)
     gpus = cluster.gpus
@@ -160,11 +160,11 @@ def gpu_nodes(fontsize: float = MIN) -> list[Figure]:
 
 
 def rails(nodes: int = 4, gpus: int = 4, fontsize: float = MIN) -> list[Figure]:
-    """A small :class:`colltutor.topologies.RailCluster`: GPU ``i`` of every node
+    """A small :class:`colltutor.clusters.RailCluster`: GPU ``i`` of every node
     cabled to the leaf switch of rail ``i``, the leaves joined by a spine.  The
-    route drawn in red is the one :meth:`~colltutor.topologies.RailCluster.route`
+    route drawn in red is the one :meth:`~colltutor.clusters.RailCluster.route`
     returns for a message between different GPUs of two nodes (PXN)."""
-    from colltutor.topologies import RailCluster
+    from colltutor.clusters import RailCluster
 
     cluster = RailCluster("drawing", nodes, gpus, nodes_per_leaf=nodes)
     fig, ax = _canvas(draw.WIDTH, 4.0, (-0.5, nodes * (gpus + 1) - 0.5),

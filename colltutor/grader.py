@@ -21,9 +21,9 @@ within ``timeout`` seconds with the call every rank was blocked in.  With
 ``expect=`` the messages of the first case are compared with
 :func:`colltutor.cost.counts`'s closed forms, which tells a ring from a naive ring.
 With ``simulate="h100-cluster:32"`` a solution that passes also runs on a simulated
-cluster of 256 GPUs (:func:`colltutor.simulate`), checked there too, and the report
-prints its simulated busbw beside the reference algorithm's (Chapter 12).  Chapters
-3-8 end with exercises that use it.
+cluster of 256 GPUs (:func:`colltutor.simulate <colltutor.simulation.simulate>`),
+checked there too, and the report prints its simulated busbw beside the reference
+algorithm's (Chapter 12).  Chapters 3-8 end with exercises that use it.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from colltutor import (  # noqa: F401
     p2p,
     registry,
     runtime,
+    tracing,
 )
-from colltutor import trace as tracing
 
 SIGNATURES = {name: c.contract for name, c in registry.COLLECTIVES.items()}
 """The signature and contract a checked function must have, per collective (the
@@ -431,9 +431,11 @@ def check(fn: Callable, collective: str, expect: str | None = None, *,
     :class:`Report`: true if every case passed, and its message says what failed.
 
     ``simulate``: a topology (``"h100-cluster:32"``, 256 GPUs; see
-    :func:`colltutor.topologies`).  Once every case has passed, ``fn`` also runs
-    there on SimGrid (:func:`colltutor.simulate`): once with real tensors, whose
-    result is checked, and once on ``simulate_bytes`` of meta tensors, whose
+    :func:`colltutor.topologies <colltutor.clusters.topologies>`).  Once every case
+    has passed, ``fn`` also runs there on SimGrid
+    (:func:`colltutor.simulate <colltutor.simulation.simulate>`): once with real
+    tensors, whose result is checked, and once on ``simulate_bytes`` of meta
+    tensors, whose
     simulated busbw the report prints beside the reference algorithm's (``expect``,
     or colltutor's own choice).  A simulated cluster of hundreds of ranks takes
     a minute or more of real time.
@@ -472,15 +474,15 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
                 timeout: float) -> None:
     """Run ``fn`` on a simulated cluster: right there too, and how fast beside
     the reference algorithm.  Adds to ``report`` (and fails it if wrong)."""
-    from colltutor import topologies, tuning
-    from colltutor.simulate import simulate
+    from colltutor import clusters, tuning
+    from colltutor.simulation import simulate
     from colltutor.transports import simgrid
 
     collective = report.collective
     if not simgrid.available():
         report.message += f"\n  not simulated on {topology}: {simgrid.INSTALL}"
         return
-    cluster = topologies.get(topology)
+    cluster = clusters.get(topology)
     p = cluster.ranks
     reference = report.expect or tuning.choose(collective, nbytes, p)
     guarded = _on_simulated_rank(fn)

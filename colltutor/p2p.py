@@ -193,8 +193,8 @@ class Comm:
         self.tag = tag
         self.route: list[int] | None = None  # peers' group ranks, in a view
         self.cut: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
-        # a transport that cuts long messages itself (MPI) says how long ours get
-        self.segment_bytes: int | None = getattr(transport, "segment_bytes", None)
+        # a backend that cuts long messages itself (MPI) says how long ours get
+        self.segment_bytes = self.kind.segment_bytes if self.kind else None
         self.in_flight = 2  # segments of a reducing step posted ahead (slots)
         self.phases: list[str] = []
         self._steps = [0]  # shared with this comm's views, so steps number on

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from colltutor import draw, p2p
-from colltutor.trace import RankTrace
+from colltutor.tracing import RankTrace
 
 Op = tuple[str, int]
 """One pass of one microbatch, ``("F", i)`` forward or ``("B", i)`` backward."""
@@ -207,7 +207,7 @@ def traced_step(order: Callable[[int, int], list[list[Op]]], m: int,
     """One rank's part of a traced pipeline step of :func:`mlp` (seed 0) on a fixed
     batch: its stage's gradients (on the CPU), its peak of held microbatches, and
     its trace with the timetable in ``meta``."""
-    from colltutor import runtime, trace
+    from colltutor import runtime, tracing
 
     s, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -215,7 +215,7 @@ def traced_step(order: Callable[[int, int], list[list[Op]]], m: int,
     x, y = torch.randn(batch, width), torch.randn(batch, width)
     part = stage(model, p, s).to(runtime.device())
     table = timetable(order(p, m))
-    with trace.record() as t:
+    with tracing.record() as t:
         peak = train_step(part, table, x.to(runtime.device()), y.to(runtime.device()))
     t.meta["table"] = table
     return [q.grad.cpu() for q in part.parameters()], peak, t

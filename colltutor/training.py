@@ -36,9 +36,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 import colltutor
-from colltutor import draw, trace
+from colltutor import draw, tracing
 from colltutor.ops import ReduceOp
-from colltutor.trace import RankTrace
+from colltutor.tracing import RankTrace
 
 # -- ZeRO-3: parameters, gradients and optimizer state sharded -------------------
 
@@ -559,7 +559,7 @@ def overlap(traces: Sequence[RankTrace], spans: Sequence[Spans],
     """Each rank's layers' backward (grey, upper row, labelled by layer) and the
     messages of its all-reduces (lower row) on one time axis, from the rank traces
     and :class:`Spans` of one run."""
-    merged = trace.merge(traces)
+    merged = tracing.merge(traces)
     shift = min(s.start for t in traces for s in t.steps)  # merge's time 0
     t0 = min([shift] + [a for s in spans for _, a, _ in s.spans])
     colours = {"reduce_scatter": draw.PALETTE[0], "all_gather": draw.PALETTE[1]}

@@ -16,12 +16,12 @@ from colltutor import (
     contract,
     cost,
     demo,
-    nccl_model,
+    nccl_tuning,
     p2p,
     registry,
     selftest,
-    simulate,
-    trace,
+    simulation,
+    tracing,
 )
 from colltutor.ops import ReduceOp
 from colltutor.transports import simgrid
@@ -57,12 +57,12 @@ def test_every_spelling_names_its_collective_everywhere(spelling):
     first = colltutor.algorithms(name)[0]
     assert cost.counts(spelling, first, 4, 64) == cost.counts(name, first, 4, 64)
     assert cost.terms(spelling, first, 4, 1024) == cost.terms(name, first, 4, 1024)
-    if name in nccl_model.FUNCTIONS:
-        assert nccl_model.function(spelling) == name
+    if name in nccl_tuning.FUNCTIONS:
+        assert nccl_tuning.function(spelling) == name
     last = colltutor.algorithms(name)[-1]
     with colltutor.use(**{spelling: last}):
         assert api._choose(name, None, 1024, 4)[0] == last
-    assert trace._case(4, spelling)[0] == name
+    assert tracing._case(4, spelling)[0] == name
     assert demo.parser().parse_args([spelling]).collective == name
 
 
@@ -134,7 +134,7 @@ def test_every_spelling_simulates_as_its_collective(spelling, capsys):
     name = contract.collective(spelling)
     result = colltutor.simulate(spelling, 64, "star:2", trace=False)
     assert result.collective == name and result.correct
-    assert simulate.main([spelling, "64", "star:2"]) == 0
+    assert simulation.main([spelling, "64", "star:2"]) == 0
     assert capsys.readouterr().out.startswith(f"# {name} of 64 B on star:2")
 
 

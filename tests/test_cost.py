@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from colltutor import cost, registry, trace
+from colltutor import cost, registry, tracing
 
 SIZES = (2, 3, 4, 5, 6, 7, 8)
 """Every world size from 2 to 8: powers of two and 1, 2 and 3 folded pairs."""
@@ -22,7 +22,7 @@ def runs(request) -> tuple[int, dict]:
     p = request.param
     cases = [(c, a, 2 * p, 0, "sum") for c, a in CASES]
     cases += [(c, a, 2 * p, p - 1, "sum") for c, a in CASES if c in ROOTED]
-    traces = trace.run_collectives(p, cases, warmup=False)
+    traces = tracing.run_collectives(p, cases, warmup=False)
     return p, {(c[0], c[1], c[3]): t for c, t in zip(cases, traces, strict=True)}
 
 
@@ -43,7 +43,7 @@ def test_every_algorithm_is_declared_once_with_its_formulas():
             assert rounds >= 1 and len(per) == p, (collective, algorithm, p)
             assert all(len(terms) == 3 and all(map(math.isfinite, terms))
                        for terms in [declared.cost(p, 1 << 20)])
-    assert [(c, a) for c in trace.COLLECTIVES for a in trace.algorithms(c)] == CASES
+    assert [(c, a) for c in tracing.COLLECTIVES for a in tracing.algorithms(c)] == CASES
 
 
 def test_counts_match_traces(runs):

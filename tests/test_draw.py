@@ -7,18 +7,18 @@ import io
 import pytest
 from matplotlib.figure import Figure
 
-from colltutor import animate, draw, explore, trace
+from colltutor import animate, draw, explore, tracing
 
-CASES = [(c, a) for c in trace.COLLECTIVES for a in trace.algorithms(c)]
+CASES = [(c, a) for c in tracing.COLLECTIVES for a in tracing.algorithms(c)]
 
 
 @pytest.fixture(scope="module")
-def traces() -> dict[tuple[int, str, str], trace.Trace]:
+def traces() -> dict[tuple[int, str, str], tracing.Trace]:
     """Every algorithm on 3 ranks (a fold, uneven blocks: 7 elements) and on 4."""
     out = {}
     for p, count in ((3, 7), (4, 8)):
         cases = [(c, a, count, p - 1, "sum") for c, a in CASES]
-        runs = trace.run_collectives(p, cases, warmup=False)
+        runs = tracing.run_collectives(p, cases, warmup=False)
         out.update({(p, c, a): t for (c, a), t in zip(CASES, runs, strict=True)})
     return out
 
@@ -49,7 +49,7 @@ def test_pictures_are_deterministic(traces):
 
 
 def test_model_plot():
-    for collective in trace.COLLECTIVES:
+    for collective in tracing.COLLECTIVES:
         fig = draw.model(collective, 5, 2e-5, 4e-10, 1e-10,
                          measured={"ring": [(1024, 1e-4)]})
         assert isinstance(fig, Figure)
@@ -57,10 +57,10 @@ def test_model_plot():
 
 
 def test_labels_name_the_origin():
-    assert draw.label(trace.encode(2, 5)) == "2:5"
-    assert draw.label(sum(trace.encode(r, 5) for r in (0, 1, 2, 3))) == "Σ0-3:5"
-    assert draw.label(sum(trace.encode(r, 1) for r in (0, 1, 3))) == "Σ0-1,3:1"
-    assert draw.label(trace.EMPTY) == ""
+    assert draw.label(tracing.encode(2, 5)) == "2:5"
+    assert draw.label(sum(tracing.encode(r, 5) for r in (0, 1, 2, 3))) == "Σ0-3:5"
+    assert draw.label(sum(tracing.encode(r, 1) for r in (0, 1, 3))) == "Σ0-1,3:1"
+    assert draw.label(tracing.EMPTY) == ""
     assert draw.colour([1]) != draw.colour([0, 1])
 
 
@@ -105,6 +105,6 @@ def test_explorer_widget_runs_and_redraws():
     view.value = "timeline"
     assert "rounds" in status.value
     pick.value = "all_gather"  # a new collective: its algorithms, a new run
-    assert list(algo.options) == trace.algorithms("all_gather")
+    assert list(algo.options) == tracing.algorithms("all_gather")
     size.value, elements.value = 2, 2
     assert status.value.startswith("1 rounds, 2 messages")

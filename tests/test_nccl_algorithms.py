@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import cost, p2p, registry, trace
+from colltutor import cost, p2p, registry, tracing
 from colltutor.collectives import double_tree, hierarchy, pat_steps
 from colltutor.p2p import Comm, block_sizes, blocks
 from colltutor.transports import local
@@ -25,15 +25,15 @@ from colltutor.transports import local
 SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
 
 
-def traced(p: int, collective: str, name: str, n: int, **params) -> trace.Trace:
+def traced(p: int, collective: str, name: str, n: int, **params) -> tracing.Trace:
     """``name`` on ``p`` threads over ``n`` elements of float64, recorded."""
-    def rank(comm: Comm) -> trace.RankTrace:
-        with trace.record() as t:
+    def rank(comm: Comm) -> tracing.RankTrace:
+        with tracing.record() as t:
             t.rank, t.size = comm.rank, p
             run(Comm(transport=comm.transport), collective, name, n, **params)
         return t
 
-    return trace.merge(local.run(rank, p))
+    return tracing.merge(local.run(rank, p))
 
 
 def run(comm: Comm, collective: str, name: str, n: int, work: bool = False,

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import registry, topologies
+from colltutor import clusters, registry
+from colltutor.clusters import DOWN, UP
 from colltutor.collectives import nccl_trees, rails
 from colltutor.collectives.double_tree import Node
 from colltutor.p2p import Comm, blocks
-from colltutor.topologies import DOWN, UP
 from colltutor.transports import local, simgrid
 
 needs_simgrid = pytest.mark.skipif(not simgrid.available(), reason=simgrid.INSTALL)
@@ -42,7 +42,7 @@ def test_each_channel_crosses_every_node_boundary_on_its_own_rail(nodes: int) ->
     the next node leaves on NIC c of its node and arrives on NIC c of the next,
     so the 8 channels use the 8 rails, one each; hops inside a node take NVLink
     alone."""
-    cluster = topologies.h100_cluster(nodes, protocol="ideal")
+    cluster = clusters.h100_cluster(nodes, protocol="ideal")
     p, k = cluster.ranks, cluster.gpus
     used = []
     for c in range(k):
@@ -64,7 +64,7 @@ def test_each_channel_crosses_every_node_boundary_on_its_own_rail(nodes: int) ->
 
 
 def test_the_flat_ring_crosses_every_boundary_on_rail_zero() -> None:
-    cluster = topologies.h100_cluster(4, protocol="ideal")
+    cluster = clusters.h100_cluster(4, protocol="ideal")
     p = cluster.ranks
     crossing = [nics(cluster.route(a, (a + 1) % p)) for a in range(7, p, 8)]
     assert all(hops[0][0] in {f"nic{g}" for g in range(0, p, 8)} for hops in crossing)

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 import colltutor
-from colltutor import runtime, schedule, topologies
-from colltutor.topologies import DOWN, UP
+from colltutor import clusters, runtime, schedule
+from colltutor.clusters import DOWN, UP
 from colltutor.transports import simgrid as sim
 from colltutor.transports import simgrid_replay
 
@@ -62,7 +62,7 @@ def test_the_cpp_replay_takes_the_simulated_time_of_the_actors(
     """The recorded messages replayed on the C++ engine, its ranks state machines
     or actors, take the simulated time the algorithm takes running as Python
     actors, with and without a late rank, under both semantics."""
-    p = topologies.get(topology).ranks
+    p = clusters.get(topology).ranks
     for late in (None, {p // 2 + 1: 3e-6}):
         actors = colltutor.simulate(collective, nbytes, topology, algorithm,
                                     semantics=semantics, late=late, real=False,
@@ -109,7 +109,7 @@ def test_a_cached_record_replays_on_another_cluster(replayer, cache):
 def test_a_machine_replays_on_its_shared_cores(replayer, cpp, cache):
     """``this-machine``: every rank on one host of few cores, every message
     through one memory link, messages not eager, CPU time per message."""
-    machine = topologies.this_machine(alpha=20e-6, beta=1e-10, gamma=2e-10,
+    machine = clusters.this_machine(alpha=20e-6, beta=1e-10, gamma=2e-10,
                                       ranks=6, cores=2)
     actors = colltutor.simulate("all_reduce", 1 << 20, machine, "ring", real=False,
                                 trace=False)
@@ -150,7 +150,7 @@ def test_a_deadlocked_record_is_reported(replayer, cpp, cache):
 # -- the platform description ---------------------------------------------------
 
 def test_a_star_route_is_the_senders_links_up_then_the_receivers_down():
-    node = topologies.h100_node()
+    node = clusters.h100_node()
     platform = simgrid_replay.describe(node, [(0, 3), (3, 0)])
     assert platform.routes == {(0, 3): [("rank0", UP), ("rank3", DOWN)],
                                (3, 0): [("rank3", UP), ("rank0", DOWN)]}
@@ -158,13 +158,13 @@ def test_a_star_route_is_the_senders_links_up_then_the_receivers_down():
     assert platform.hosts[0][1] == 1 / node.gamma
     link = platform.links[3]
     assert link == ("rank3", node.bandwidth, node.latency / 2, True)
-    backbone = topologies.Star("s", 3, 1e9, 1e-6, backbone=5e8)
+    backbone = clusters.Star("s", 3, 1e9, 1e-6, backbone=5e8)
     assert simgrid_replay.describe(backbone, [(0, 2)]).routes[0, 2] == [
         ("rank0", UP), ("backbone", UP), ("backbone", DOWN), ("rank2", DOWN)]
 
 
 def test_a_cluster_describes_only_the_routes_it_uses():
-    cluster = topologies.h100_cluster(4)
+    cluster = clusters.h100_cluster(4)
     pairs = [(0, 9), (9, 0), (1, 2), (0, 9)]
     platform = simgrid_replay.describe(cluster, pairs)
     assert sorted(platform.routes) == [(0, 9), (1, 2), (9, 0)]
@@ -176,7 +176,7 @@ def test_a_cluster_describes_only_the_routes_it_uses():
 
 
 def test_a_machine_is_one_host_with_a_memory_loop():
-    machine = topologies.this_machine(alpha=2e-5, beta=1e-10, gamma=3e-10, ranks=4,
+    machine = clusters.this_machine(alpha=2e-5, beta=1e-10, gamma=3e-10, ranks=4,
                                       cores=2)
     platform = simgrid_replay.describe(machine, [(0, 1)])
     assert platform.hosts == [("machine", 1 / 3e-10, 2)]
@@ -186,7 +186,7 @@ def test_a_machine_is_one_host_with_a_memory_loop():
 
 def test_the_job_carries_numbers_exactly():
     """Floats go as ``repr``, which reads back as the same double."""
-    cluster = topologies.h100_cluster(2)
+    cluster = clusters.h100_cluster(2)
     text = simgrid_replay.job(cluster, [(0, 9)], "fifo", {3: 1 / 3})
     lines = text.splitlines()
     assert "semantics fifo" in lines and "eager 1" in lines
@@ -216,7 +216,7 @@ def _simgrid_routes(topology, pairs, latencies):
 def test_the_description_crosses_the_links_simgrid_builds(topology, latencies):
     """Each route of the description crosses the links, in the directions and
     with the latency, of the platform the Python transport builds."""
-    topology = topologies.get(topology)
+    topology = clusters.get(topology)
     p = topology.ranks
     pairs = [(a, b) for a in range(p) for b in range(p) if a != b][:: max(1, p // 3)]
     built = runtime.run(_simgrid_routes, 1, topology, pairs, latencies,
@@ -354,7 +354,7 @@ def test_lanes_take_the_same_time_on_every_engine(channels, topology, nbytes,
                        semantics=semantics, options={"channels": channels},
                        replay=True)
     [path] = (cache / "schedules").glob("*.sched")
-    cluster = topologies.get(topology)
+    cluster = clusters.get(topology)
     p = cluster.ranks
     assert len(schedule.load(path)) == channels * p
     monkeypatch.setattr(sim, "CONFIG", sim.CONFIG + PRECISE)

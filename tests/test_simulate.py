@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import draw, p2p, registry, topologies
-from colltutor.simulate import REAL_UP_TO, buffers, expected
-from colltutor.topologies import DOWN, UP, Star
+from colltutor import clusters, draw, p2p, registry
+from colltutor.clusters import DOWN, UP, Star
+from colltutor.simulation import REAL_UP_TO, buffers, expected
 from colltutor.transports import simgrid
 
 needs_simgrid = pytest.mark.skipif(not simgrid.available(), reason=simgrid.INSTALL)
@@ -32,23 +32,23 @@ GB = 1e9
 def test_presets_are_listed_and_built():
     names = colltutor.topologies()
     assert {"h100-node", "h100-cluster:N", "this-machine"} <= set(names)
-    node = topologies.get("h100-node")
+    node = clusters.get("h100-node")
     assert node.ranks == 8 and node.nvls and node.name == "h100-node/simple"
-    assert topologies.get("h100-node/ideal").bandwidth == 450 * GB
-    assert topologies.get("h100-cluster:4").ranks == 32
-    oversub = topologies.get("h100-cluster-oversubscribed:64")
+    assert clusters.get("h100-node/ideal").bandwidth == 450 * GB
+    assert clusters.get("h100-cluster:4").ranks == 32
+    oversub = clusters.get("h100-cluster-oversubscribed:64")
     assert oversub.oversubscription == 2 and oversub.ranks == 512
-    assert topologies.get("star:5").ranks == 5
+    assert clusters.get("star:5").ranks == 5
     with pytest.raises(ValueError, match="unknown topology"):
-        topologies.get("dgx-9000")
+        clusters.get("dgx-9000")
     with pytest.raises(ValueError, match="needs a size"):
-        topologies.get("h100-cluster")
+        clusters.get("h100-cluster")
 
 
 def test_rail_routes_stay_on_one_rail_after_one_nvlink_hop():
     """Inside a node: NVLink.  Between nodes: the receiver's rail (PXN), the spine
     only between leaves; every link named in a route exists."""
-    cluster = topologies.h100_cluster(64, protocol="ideal")
+    cluster = clusters.h100_cluster(64, protocol="ideal")
     names = {link.name for link in cluster.links()}
     assert cluster.route(0, 7) == [("nvl0", UP), ("nvl7", DOWN)]
     assert cluster.route(3, 8 + 3) == [("nic3", UP), ("nic11", DOWN)]
@@ -61,13 +61,13 @@ def test_rail_routes_stay_on_one_rail_after_one_nvlink_hop():
         assert {name for name, _ in cluster.route(a, b)} <= names
     uplink = next(link for link in cluster.links() if link.name == "uplink0.0")
     assert uplink.bandwidth == 32 * 50 * GB
-    oversub = topologies.h100_cluster(64, oversubscription=2, protocol="ideal")
+    oversub = clusters.h100_cluster(64, oversubscription=2, protocol="ideal")
     assert next(link for link in oversub.links()
                 if link.name == "uplink0.0").bandwidth == 16 * 50 * GB
 
 
 def test_protocols_scale_links_as_nccl_counts_them():
-    simple, ll = topologies.h100_node("simple"), topologies.h100_node("ll")
+    simple, ll = clusters.h100_node("simple"), clusters.h100_node("ll")
     assert simple.bandwidth == pytest.approx(18 * 20.6 * GB)
     assert ll.bandwidth == pytest.approx(min(simple.bandwidth / 2, 141 * GB))
     assert ll.latency < simple.latency
@@ -245,7 +245,7 @@ def test_64_meta_ranks_and_a_timeline():
     big = colltutor.simulate("all_reduce", 1 << 20, "h100-cluster:8",
                              "recursive_doubling")
     assert big.ranks == 64 and big.correct is None and big.trace is None
-    steps = -(-(1 << 20) // topologies.PROTOCOLS["simple"].step)  # pipeline steps
+    steps = -(-(1 << 20) // clusters.PROTOCOLS["simple"].step)  # pipeline steps
     assert big.messages == 6 * 64 * steps and big.seconds > 0
     small = colltutor.simulate("all_reduce", 4 * 64, "star:4", "ring")
     assert small.trace.counts()["total_messages"] == small.messages
@@ -267,7 +267,7 @@ def test_a_star_meets_the_cost_model_and_a_machine_shares_its_memory():
                               "ring", real=False)
     model = cost.predict("all_reduce", "ring", p, n, alpha, beta, gamma)
     assert star.seconds == pytest.approx(model, rel=0.02)
-    machine = topologies.this_machine(alpha, beta, gamma, ranks=p, cores=2)
+    machine = clusters.this_machine(alpha, beta, gamma, ranks=p, cores=2)
     shared = colltutor.simulate("all_reduce", n, machine, "ring")
     turns = p / 2  # ranks per core
     want = (2 * (p - 1) * (alpha * turns + n * beta)
@@ -288,7 +288,7 @@ def _simgrid_routes(topology, pairs: list) -> list:
 def test_simgrid_routes_are_the_topology_routes():
     """The platform built from a cluster routes every message as
     ``RailCluster.route`` says (SimGrid names a direction ``_UP`` or ``_DOWN``)."""
-    cluster = topologies.h100_cluster(40)
+    cluster = clusters.h100_cluster(40)
     pairs = [(0, 7), (3, 11), (2, 13), (1, 8 * 33 + 1), (261, 248), (300, 5)]
     (got,) = colltutor.run(_simgrid_routes, 1, cluster, pairs, backend="gloo")
     want = [[name + ("_UP" if way == UP else "_DOWN") for name, way in
@@ -339,7 +339,7 @@ def test_hierarchical_algorithms_see_the_nodes():
 
 @needs_simgrid
 def test_the_command_line_prints_a_row_per_algorithm(capsys):
-    from colltutor.simulate import main
+    from colltutor.simulation import main
 
     assert main(["all_reduce", "4K", "star:4", "-a", "ring", "recursive_doubling"]) == 0
     out = capsys.readouterr().out

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import colltutor
-from colltutor import nccl_model, registry, topologies, tuning
-from colltutor.simulate import nccl_choice
-from colltutor.topologies import GB, PROTOCOLS, Star
+from colltutor import clusters, nccl_tuning, registry, tuning
+from colltutor.clusters import GB, PROTOCOLS, Star
+from colltutor.simulation import nccl_choice
 from colltutor.transports import simgrid
 
 needs_simgrid = pytest.mark.skipif(not simgrid.available(), reason=simgrid.INSTALL)
@@ -38,36 +38,36 @@ def test_protocol_steps_are_nccls_buffers_over_its_steps():
     assert PROTOCOLS["ll"].step == 8 * 512 * 16 // 2
     assert PROTOCOLS["ll128"].step == 120 * 640 * 8 * 120 // 128
     assert PROTOCOLS["ideal"].step is None
-    assert topologies.get("h100-node/ll").step == PROTOCOLS["ll"].step
-    assert topologies.get("h100-cluster:2/ll128").step == PROTOCOLS["ll128"].step
+    assert clusters.get("h100-node/ll").step == PROTOCOLS["ll"].step
+    assert clusters.get("h100-cluster:2/ll128").step == PROTOCOLS["ll128"].step
 
 
 def test_bandwidth_caps_follow_nccls_model():
     """LL: llMaxBws (Hopper's 141 GB/s on one node, the x86 CPU's 39 / 20.4 across
     nodes); LL128: 36.7 GB/s per channel of the ring graph; Simple: none."""
-    assert topologies.get("h100-node/ll").bandwidth == pytest.approx(141 * GB)
-    assert topologies.get("h100-node:4/ll").bandwidth == pytest.approx(141 * GB)
-    two = topologies.get("h100-cluster:2/ll")
+    assert clusters.get("h100-node/ll").bandwidth == pytest.approx(141 * GB)
+    assert clusters.get("h100-node:4/ll").bandwidth == pytest.approx(141 * GB)
+    two = clusters.get("h100-cluster:2/ll")
     assert two.nvlink == pytest.approx(39 * GB)
-    assert topologies.get("h100-cluster:4/ll").nvlink == pytest.approx(20.4 * GB)
-    channels = nccl_model.ring_graph(nccl_model.Cluster(4, 8)).channels
-    assert topologies.get("h100-cluster:4/ll128").nvlink == pytest.approx(
+    assert clusters.get("h100-cluster:4/ll").nvlink == pytest.approx(20.4 * GB)
+    channels = nccl_tuning.ring_graph(nccl_tuning.Cluster(4, 8)).channels
+    assert clusters.get("h100-cluster:4/ll128").nvlink == pytest.approx(
         min(450 * 20.6 / 25 * 0.92, channels * 36.7) * GB)
-    assert topologies.get("h100-node/simple").bandwidth == pytest.approx(370.8 * GB)
-    assert topologies.protocol_cap("simple", 4, 8) is None
+    assert clusters.get("h100-node/simple").bandwidth == pytest.approx(370.8 * GB)
+    assert clusters.protocol_cap("simple", 4, 8) is None
 
 
 def test_node_sizes_and_one_gpu_nodes_are_presets():
-    assert topologies.get("h100-node:4").ranks == 4
-    assert topologies.get("h100-node:2/ll").name == "h100-node:2/ll"
-    assert topologies.get("h100-node").name == "h100-node/simple"
+    assert clusters.get("h100-node:4").ranks == 4
+    assert clusters.get("h100-node:2/ll").name == "h100-node:2/ll"
+    assert clusters.get("h100-node").name == "h100-node/simple"
     with pytest.raises(ValueError, match="2 to 8"):
-        topologies.get("h100-node:9")
-    one = topologies.get("h100-cluster-1gpu:4")
+        clusters.get("h100-node:9")
+    one = clusters.get("h100-cluster-1gpu:4")
     assert (one.ranks, one.ranks_per_node) == (4, 1)
-    assert topologies.with_protocol(one, "ll").ranks_per_node == 1
-    assert nccl_model.pat_enabled(nccl_model.cluster_of(one))
-    assert not nccl_model.pat_enabled(nccl_model.cluster_of("h100-node:4"))
+    assert clusters.with_protocol(one, "ll").ranks_per_node == 1
+    assert nccl_tuning.pat_enabled(clusters.cluster_of(one))
+    assert not nccl_tuning.pat_enabled(clusters.cluster_of("h100-node:4"))
 
 
 def test_default_maps_nccls_choice_to_the_registry():
@@ -82,10 +82,10 @@ def test_default_maps_nccls_choice_to_the_registry():
              ("all_gather", 1 << 20, "h100-cluster-1gpu:4", "pat"),
              ("all_gather", 1 << 30, "h100-node", "ring")]
     for collective, nbytes, topology, want in cases:
-        model = nccl_model.nccl_model(collective, nbytes, topology)
+        model = clusters.nccl_model(collective, nbytes, topology)
         name, pair = nccl_choice(collective, model)
         assert name == want and pair == model.choice, (collective, nbytes, topology)
-    model = nccl_model.nccl_model("all_reduce", 1 << 30, "h100-cluster:2")
+    model = clusters.nccl_model("all_reduce", 1 << 30, "h100-cluster:2")
     assert model.choice[0] == "nvls_tree"
     name, pair = nccl_choice("all_reduce", model, nvls=False)
     assert pair != model.choice and pair[0] in ("ring", "tree")
@@ -103,7 +103,7 @@ def test_ring_steps_cost_nccls_latency_and_the_capped_rate(protocol, semantics):
     block = 4096
     r = colltutor.simulate("all_gather", 8 * block, f"h100-node/{protocol}", "ring",
                            semantics=semantics)
-    rate = topologies.get(f"h100-node/{protocol}").bandwidth
+    rate = clusters.get(f"h100-node/{protocol}").bandwidth
     assert r.correct
     assert r.seconds == pytest.approx(BASE[protocol] + 7 * (HOP[protocol]
                                                             + block / rate))
@@ -161,8 +161,8 @@ def test_nvls_runs_on_part_of_a_node(gpus):
     assert r.nccl_pair == ("nvls", "simple")
     assert r.seconds == pytest.approx(r.nccl[r.nccl_pair], rel=0.05)
     assert r.nccl[("nvls", "simple")] == pytest.approx(25e-6 + (64 << 10) / (
-        nccl_model.bus_bandwidth("all_reduce", "nvls", "simple",
-                                 nccl_model.Cluster(1, gpus)) * 1e9))
+        nccl_tuning.bus_bandwidth("all_reduce", "nvls", "simple",
+                                 nccl_tuning.Cluster(1, gpus)) * 1e9))
 
 
 @needs_simgrid
@@ -182,7 +182,7 @@ def test_default_runs_what_nccl_would(nbytes):
     """No algorithm on a GPU topology: NCCL's choice, under its protocol."""
     r = colltutor.simulate("all_reduce", nbytes, "h100-node", real=False,
                            semantics="fifo")
-    choice = nccl_model.nccl_model("all_reduce", nbytes, "h100-node").choice
+    choice = clusters.nccl_model("all_reduce", nbytes, "h100-node").choice
     assert r.nccl_pair == r.nccl.choice == choice
     assert r.algorithm == nccl_choice("all_reduce", r.nccl)[0]
     assert r.topology == f"h100-node/{choice[1]}"

@@ -763,22 +763,23 @@ def test_unknown_citation_fails_the_strict_build(tmp_path: Path, key: str) -> No
 def test_explorer_data_comes_from_real_runs() -> None:
     """:func:`colltutor.explore.export` runs every algorithm; its data says what the
     trace says: the rounds, every message, every buffer as each round starts."""
-    from colltutor import explore, trace
+    from colltutor import explore, tracing
 
     data = explore.export(sizes=[3])
     assert data["skipped"] == {}
-    expected = {f"{c}/{a}/3" for c in trace.COLLECTIVES for a in trace.algorithms(c)}
+    expected = {f"{c}/{a}/3"
+                for c in tracing.COLLECTIVES for a in tracing.algorithms(c)}
     assert set(data["traces"]) == expected
-    run = trace.run_collective("all_reduce", 3, "ring", warmup=False)
+    run = tracing.run_collective("all_reduce", 3, "ring", warmup=False)
     saved = data["traces"]["all_reduce/ring/3"]
     assert saved["rounds"] == run.rounds == 4
     assert len(saved["messages"]) == len(run.messages) == 12
     assert [m[:3] for m in saved["messages"]] == [
         [m.round, m.src, m.dst] for m in run.messages]
     start, end = saved["states"]["buf"][0], saved["states"]["buf"][-1]
-    assert start == [[trace.encode(r, i) for i in range(3)] for r in range(3)]
-    everyone = sum(trace.encode(r, 0) for r in range(3))
-    assert trace.decode(end[0][0]) == (frozenset({0, 1, 2}), 0)
+    assert start == [[tracing.encode(r, i) for i in range(3)] for r in range(3)]
+    everyone = sum(tracing.encode(r, 0) for r in range(3))
+    assert tracing.decode(end[0][0]) == (frozenset({0, 1, 2}), 0)
     assert end[0][0] == everyone
     assert all(row == end[0] for row in end)
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 import colltutor
-from colltutor import trace
+from colltutor import tracing
 from colltutor.p2p import block_sizes
 
 P = 4
@@ -15,7 +15,7 @@ COUNT = 8  # two elements per block on 4 ranks
 
 
 @pytest.fixture(scope="module")
-def traces() -> dict[tuple[str, str], trace.Trace]:
+def traces() -> dict[tuple[str, str], tracing.Trace]:
     """One start of 4 ranks records the cases every test here reads."""
     cases = [("all_reduce", "ring", COUNT, 0, "sum"),
              ("broadcast", "binomial_tree", COUNT, 0, "sum"),
@@ -26,7 +26,7 @@ def traces() -> dict[tuple[str, str], trace.Trace]:
              ("all_to_all", "pairwise", COUNT, 0, "sum"),
              # 512 KiB: the pipelined broadcast cuts it into 4 segments on 4 ranks
              ("broadcast", "pipelined_ring", 1 << 16, 0, "sum")]
-    runs = trace.run_collectives(P, cases, warmup=False)
+    runs = tracing.run_collectives(P, cases, warmup=False)
     return {(c[0], c[1]): t for c, t in zip(cases, runs, strict=True)}
 
 
@@ -55,10 +55,10 @@ def test_final_buffers_hold_the_reduction_of_every_rank(traces):
     t = traces[("all_reduce", "ring")]
     for rank in range(P):
         final = t.ranks[rank].final["buf"]
-        assert [trace.decode(v) for v in final] == [
+        assert [tracing.decode(v) for v in final] == [
             (frozenset(range(P)), i) for i in range(COUNT)]
         assert t.state(rank, t.rounds - 1) == final
-        assert t.state(rank, -1) == [trace.encode(rank, i) for i in range(COUNT)]
+        assert t.state(rank, -1) == [tracing.encode(rank, i) for i in range(COUNT)]
 
 
 def test_states_show_data_arriving_round_by_round(traces):
@@ -66,8 +66,8 @@ def test_states_show_data_arriving_round_by_round(traces):
     # root 0 sends to 2 in round 0, then 0 -> 1 and 2 -> 3 in round 1
     assert [(m.round, m.src, m.dst) for m in t.messages] == [
         (0, 0, 2), (1, 0, 1), (1, 2, 3)]
-    root = [trace.encode(0, i) for i in range(COUNT)]
-    empty = [trace.EMPTY] * COUNT
+    root = [tracing.encode(0, i) for i in range(COUNT)]
+    empty = [tracing.EMPTY] * COUNT
     assert [t.state(r, 0) for r in range(P)] == [root, empty, root, empty]
     assert [t.state(r, 1) for r in range(P)] == [root] * P
 
@@ -88,8 +88,8 @@ def test_scatter_from_rank_1_splits_a_wrapping_subtree(traces):
     assert first == [("buf", 0, 2), ("buf", 6, 8)]
     for rank in range(P):
         lo = 2 * rank
-        assert t.ranks[rank].final["buf"][lo:lo + 2] == [trace.encode(1, lo),
-                                                          trace.encode(1, lo + 1)]
+        assert t.ranks[rank].final["buf"][lo:lo + 2] == [tracing.encode(1, lo),
+                                                          tracing.encode(1, lo + 1)]
 
 
 def test_linear_reduce_takes_one_round_per_sender(traces):
@@ -106,7 +106,7 @@ def test_barrier_and_all_to_all(traces):
     a2a = traces[("all_to_all", "pairwise")]
     for rank in range(P):
         out = a2a.ranks[rank].final["output"]
-        assert [trace.decode(v) for v in out] == [
+        assert [tracing.decode(v) for v in out] == [
             (frozenset([s]), 2 * rank + i) for s in range(P) for i in range(2)]
 
 
@@ -149,11 +149,11 @@ def test_traces_pickle(traces):
 
 
 def test_encode_decode():
-    assert trace.decode(trace.encode(3, 5)) == (frozenset([3]), 5)
-    total = sum(trace.encode(r, 7) for r in (0, 2, 5))
-    assert trace.decode(total) == (frozenset([0, 2, 5]), 7)
-    assert trace.decode(trace.EMPTY) is None
-    assert trace.decode(2.5) is None
+    assert tracing.decode(tracing.encode(3, 5)) == (frozenset([3]), 5)
+    total = sum(tracing.encode(r, 7) for r in (0, 2, 5))
+    assert tracing.decode(total) == (frozenset([0, 2, 5]), 7)
+    assert tracing.decode(tracing.EMPTY) is None
+    assert tracing.decode(2.5) is None
 
 
 def _recorded_by_hand():
@@ -165,8 +165,8 @@ def _recorded_by_hand():
 
     plain = Comm()
     # off: no recorder among the observers the point-to-point layer calls
-    assert not any(isinstance(o, trace.RankTrace) for o in plain.observers)
-    with trace.record() as t:
+    assert not any(isinstance(o, tracing.RankTrace) for o in plain.observers)
+    with tracing.record() as t:
         buf = t.watch(torch.arange(8.0) + 10 * plain.rank)
         comm = Comm()
         right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
@@ -178,7 +178,7 @@ def _recorded_by_hand():
 
 def test_record_inside_a_rank_function():
     traces = colltutor.run(_recorded_by_hand, 2, backend="gloo")
-    t = trace.merge(traces)
+    t = tracing.merge(traces)
     first = t.in_round(0)
     assert [(m.src, m.dst, m.src_chunk, m.dst_chunk) for m in first] == [
         (0, 1, ("buf", 0, 4), ("buf", 4, 8)), (1, 0, ("buf", 0, 4), ("buf", 4, 8))]
@@ -201,8 +201,8 @@ def _api_under_trace(n: int):
 
 
 def test_the_module_is_the_context_manager_and_traced_runs():
-    assert isinstance(trace(), type(trace.record()))
-    results, t = trace.collect(colltutor.run(trace.traced(_api_under_trace), 3, 6,
+    assert isinstance(tracing.record(), type(tracing.record()))
+    results, t = tracing.collect(colltutor.run(tracing.traced(_api_under_trace), 3, 6,
                                                    backend="gloo"))
     assert results == [18.0] * 3
     assert t.counts()["total_messages"] == 1 + 2 + 1  # fold in, one swap, fold out

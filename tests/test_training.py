@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 import colltutor
-from colltutor import cost, trace, training
+from colltutor import cost, tracing, training
 from colltutor.solutions.all_reduce import ring_all_reduce
 
 STEPS = 3
@@ -60,7 +60,7 @@ def _rank_body() -> dict:
         with colltutor.use(all_reduce=algorithm):
             out[name] = _train(ddp, data[mine], target[mine])
         out[name + " weights"] = _flat_layers(ddp.module)
-    with colltutor.use(all_reduce="ring"), trace.record() as t:
+    with colltutor.use(all_reduce="ring"), tracing.record() as t:
         F.mse_loss(ddp(data[mine]), target[mine]).backward()
     out["ddp_trace"] = t
     # FSDP2 on the colltutor backend, one unit per layer, ring collectives
@@ -71,7 +71,7 @@ def _rank_body() -> dict:
     fully_shard(fsdp, mesh=mesh)
     with colltutor.use(all_gather="ring", reduce_scatter="ring"):
         out["fsdp"] = _train(fsdp, data[mine], target[mine])
-        with trace.record() as t:
+        with tracing.record() as t:
             F.mse_loss(fsdp(data[mine]), target[mine]).backward()
     out["fsdp_trace"] = t
     # ZeRO-3 against gloo's DDP: the same losses, step by step
@@ -82,7 +82,7 @@ def _rank_body() -> dict:
                            for s in sharded.parameters()]
     # one traced step, the input without and with requires_grad
     for key, x in (("plain", data[mine]), ("grad", data[mine].requires_grad_())):
-        with trace.record() as t:
+        with tracing.record() as t:
             F.mse_loss(sharded(x), target[mine]).backward()
         out["zero_" + key] = t
     # Megatron MLP against the unsharded layers
@@ -95,7 +95,7 @@ def _rank_body() -> dict:
                       second.weight.grad.chunk(p, 1)[rank], second.bias.grad)
     x.grad = None
     mlp = training.ParallelMLP(first, second, algorithm="ring")
-    with trace.record() as t:
+    with tracing.record() as t:
         got = mlp(x)
         got.square().sum().backward()
     out["tp_got"] = (got.detach(), x.grad, mlp.w1.grad, mlp.w2.grad, mlp.b2.grad)
@@ -113,7 +113,7 @@ def _rank_body() -> dict:
                        [q.grad.clone() for q in experts[rank].parameters()])
     moe = training.MoE(router, copy.deepcopy(experts))
     x = tokens.detach()[7 * rank:7 * rank + 7].requires_grad_()
-    with trace.record() as t:
+    with tracing.record() as t:
         got = moe(x)
         got.square().sum().backward()
     out["moe_got"] = (got.detach(), x.grad, [q.grad for q in moe.expert.parameters()])
@@ -139,8 +139,8 @@ def _transformer_cases(rank: int, p: int) -> dict:
         tp = training.ParallelTransformerLayer(layer, algorithm="ring",
                                                sequence_parallel=sp)
         mine = (x.detach().chunk(p)[rank] if sp else x.detach()).requires_grad_()
-        with trace.record() as step:
-            with trace.record() as forward:
+        with tracing.record() as step:
+            with tracing.record() as forward:
                 y = tp(mine)
             y.square().sum().backward()
         grads = {name: q.grad for name, q in tp.named_parameters()}
@@ -215,7 +215,7 @@ def test_ddp_step_sends_a_ring_all_reduce_of_every_parameter(runs):
     """Buckets after DDP's rebuild: several ring all-reduces, 2 (p-1) N s bytes and
     2 (p-1) p messages each, in all."""
     p, ranks = runs
-    t = trace.merge([r["ddp_trace"] for r in ranks])
+    t = tracing.merge([r["ddp_trace"] for r in ranks])
     n = sum(q.numel() for q in _mlp().parameters())
     assert {m.phase.split("/")[0] for m in t.messages} == {"all_reduce.ring"}
     assert t.counts()["total_bytes"] == 2 * (p - 1) * n * 4
@@ -243,7 +243,7 @@ def test_fsdp2_bytes_per_step_are_1_5_times_ddps_all_reduce(runs):
     3 (p-1) N s in all with ring algorithms, N counting each parameter's rows
     padded to a multiple of p (FSDP2 shards every parameter by rows)."""
     p, ranks = runs
-    t = trace.merge([r["fsdp_trace"] for r in ranks])
+    t = tracing.merge([r["fsdp_trace"] for r in ranks])
     n = sum(-(-q.shape[0] // p) * p * q[0].numel() for q in _mlp().parameters())
     by = {}
     for m in t.messages:
@@ -262,7 +262,7 @@ def test_zero3_bytes_per_step_are_1_5_times_ddps_all_reduce(runs):
     gather = [cost.counts("all_gather", "ring", p, n, 4) for n in units]
     scatter = [cost.counts("reduce_scatter", "ring", p, n, 4) for n in units]
     for key, again in (("grad", gather), ("plain", gather[1:])):
-        t = trace.merge([r["zero_" + key] for r in ranks])
+        t = tracing.merge([r["zero_" + key] for r in ranks])
         phases = {m.phase for m in t.messages}
         assert phases == {"all_gather.ring", "reduce_scatter.ring"}
         by = {ph: [m for m in t.messages if m.phase == ph] for ph in phases}
@@ -274,7 +274,7 @@ def test_zero3_bytes_per_step_are_1_5_times_ddps_all_reduce(runs):
         assert sum(m.nbytes for m in by["reduce_scatter.ring"]) == sum(
             c.total_bytes for c in scatter)
     n = sum(units)
-    t = trace.merge([r["zero_grad"] for r in ranks])
+    t = tracing.merge([r["zero_grad"] for r in ranks])
     ddp = cost.counts("all_reduce", "ring", p, n, 4).total_bytes
     assert ddp == 2 * (p - 1) * n * 4
     assert t.counts()["total_bytes"] == 3 * (p - 1) * n * 4 == 1.5 * ddp
@@ -289,7 +289,7 @@ def test_megatron_mlp_equals_the_unsharded_layers(runs):
 
 def test_megatron_mlp_sends_one_all_reduce_forward_and_one_backward(runs):
     p, ranks = runs
-    t = trace.merge([r["tp_trace"] for r in ranks])
+    t = tracing.merge([r["tp_trace"] for r in ranks])
     ring = cost.counts("all_reduce", "ring", p, 6 * 8, 4)
     assert {m.phase.split("/")[0] for m in t.messages} == {"all_reduce.ring"}
     assert t.counts()["total_messages"] == 2 * ring.total_messages
@@ -313,7 +313,7 @@ def test_moe_tokens_travel_with_uneven_splits(runs):
     p, ranks = runs
     choice = [r["moe_choice"] for r in ranks]  # choice[src][dst]: tokens src -> dst
     assert len({c for row in choice for c in row}) > 1  # really uneven
-    t = trace.merge([r["moe_trace"] for r in ranks])
+    t = tracing.merge([r["moe_trace"] for r in ranks])
     assert {m.dtype for m in t.messages} == {"int64", "float32"}
     assert {m.phase.split(".")[0] for m in t.messages} == {"all_to_all"}
     for src in range(p):
@@ -349,7 +349,7 @@ def test_transformer_layer_sends_two_all_reduces_forward_and_two_backward(runs):
     n = 2 * p * 2 * 4 * p  # the activations: (sequence, batch, d)
     ring = cost.counts("all_reduce", "ring", p, n, 4)
     for index, calls in ((3, 2), (4, 4)):  # forward alone, the whole step
-        t = trace.merge([r["tp"][index] for r in ranks])
+        t = tracing.merge([r["tp"][index] for r in ranks])
         assert {m.phase.split("/")[0] for m in t.messages} == {"all_reduce.ring"}
         assert t.counts()["total_messages"] == calls * ring.total_messages
         assert t.counts()["total_bytes"] == calls * 2 * (p - 1) * n * 4
@@ -380,7 +380,7 @@ def test_sequence_parallel_layer_sends_reduce_scatters_and_all_gathers(runs):
     p, ranks = runs
     n = 2 * p * 2 * 4 * p
     for index, calls in ((3, 2), (4, 4)):
-        t = trace.merge([r["sp"][index] for r in ranks])
+        t = tracing.merge([r["sp"][index] for r in ranks])
         for phase, collective in (("all_gather.ring", "all_gather"),
                                   ("reduce_scatter.ring", "reduce_scatter")):
             one = cost.counts(collective, "ring", p, n, 4)
@@ -388,8 +388,8 @@ def test_sequence_parallel_layer_sends_reduce_scatters_and_all_gathers(runs):
             assert len(sent) == calls * one.total_messages
             assert sum(m.nbytes for m in sent) == calls * (p - 1) * n * 4
         assert t.counts()["total_bytes"] == 2 * calls * (p - 1) * n * 4
-    t = trace.merge([r["tp"][4] for r in ranks])
-    assert trace.merge([r["sp"][4] for r in ranks]).counts()["total_bytes"] == (
+    t = tracing.merge([r["tp"][4] for r in ranks])
+    assert tracing.merge([r["sp"][4] for r in ranks]).counts()["total_bytes"] == (
         t.counts()["total_bytes"])
 
 

@@ -29,7 +29,7 @@ SECTIONS = [
         "all_to_all", "barrier", "tuning",
     ]),
     ("Around the algorithms", [
-        "trace", "draw", "animate", "explore", "cost", "bench", "guards", "grader",
+        "tracing", "draw", "animate", "explore", "cost", "bench", "guards", "grader",
         "selftest",
     ]),
 ]

@@ -22,7 +22,7 @@
     return "rgb(" + out.join(",") + ")";
   }
 
-  function decode(v) {  // colltutor.trace.decode
+  function decode(v) {  // colltutor.tracing.decode
     if (v === EMPTY || v < 0 || v !== Math.floor(v)) return null;
     var mask = v % 65536, rest = Math.floor(v / 65536), ranks = [];
     for (var r = 0; r < 16; r++) if ((mask >> r) & 1) ranks.push(r);

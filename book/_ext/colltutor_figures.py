@@ -13,7 +13,7 @@ A chapter page asks for a picture with a directive::
 
 When Sphinx reads the page, the extension runs the collective for real on that
 many ranks (gloo, CPU) with colltutor's tracing
-(:func:`colltutor.trace.run_collective`), draws the trace with
+(:func:`colltutor.tracing.run_collective`), draws the trace with
 :func:`colltutor.draw.steps` (or the ``view`` asked for) and puts the SVG into the
 page inline, with the directive's text as its caption.  Inline SVG
 keeps the text as text: it is searchable, sharp at any zoom, and the site's browser
@@ -22,7 +22,7 @@ test measures its rendered size.  Nothing is written to the source tree.
 Options (all optional but ``collective``):
 
 ``collective``
-    a collective of :data:`colltutor.trace.COLLECTIVES`; several, separated by
+    a collective of :data:`colltutor.tracing.COLLECTIVES`; several, separated by
     commas, give one picture each inside one figure (with ``view: ends``); or
     ``shift``, one ring step of :meth:`colltutor.p2p.Comm.sendrecv` (Chapter 2).
 ``algorithm``, ``ranks`` (4), ``count`` (one element per rank), ``root`` (0)
@@ -65,7 +65,7 @@ body text, when the figure is shown at its natural width (at most
 TEXTBOOK = {"alpha": 20e-6, "beta": 1 / 5e9, "gamma": 1 / 20e9}
 """The model parameters Chapter 9 uses in its worked example."""
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [ROOT / "colltutor" / name for name in ("draw.py", "trace.py")]
+SOURCES = [ROOT / "colltutor" / name for name in ("draw.py", "tracing.py")]
 """Pages with a diagram are read again when these change."""
 
 
@@ -75,14 +75,14 @@ def _shift(count: int) -> object:
     import torch
     import torch.distributed as dist
 
-    from colltutor import p2p, trace
+    from colltutor import p2p, tracing
 
     rank, size = dist.get_rank(), dist.get_world_size()
     lo, hi = _bounds(count, size, rank)
-    buf = torch.full((count,), trace.EMPTY, dtype=torch.int64)
-    buf[lo:hi] = torch.tensor([trace.encode(rank, i) for i in range(lo, hi)])
+    buf = torch.full((count,), tracing.EMPTY, dtype=torch.int64)
+    buf[lo:hi] = torch.tensor([tracing.encode(rank, i) for i in range(lo, hi)])
     left, right = (rank - 1) % size, (rank + 1) % size
-    with trace.record() as t:
+    with tracing.record() as t:
         comm = p2p.Comm()
         blocks = comm.blocks(t.watch(buf))
         comm.sendrecv(blocks[rank], right, blocks[left], left)
@@ -101,7 +101,7 @@ def _bounds(count: int, size: int, rank: int) -> tuple[int, int]:
 def traces(collectives: list[str], algorithm: str | None, ranks: int,
            count: int | None, root: int) -> list[Any]:
     """Run each collective once, for real, and return the merged traces."""
-    from colltutor import runtime, trace
+    from colltutor import runtime, tracing
 
     if collectives == ["shift"]:
         import cloudpickle
@@ -109,10 +109,10 @@ def traces(collectives: list[str], algorithm: str | None, ranks: int,
         cloudpickle.register_pickle_by_value(__import__(__name__))
         results = runtime.run(_shift, ranks, count or ranks, backend="gloo",
                               timeout=120)
-        return [trace.merge(results)]
+        return [tracing.merge(results)]
     cases = [(c, algorithm if len(collectives) == 1 else None,
               ranks if count is None else count, root, "sum") for c in collectives]
-    return trace.run_collectives(ranks, cases, warmup=False)
+    return tracing.run_collectives(ranks, cases, warmup=False)
 
 
 def svg(fig: Any, key: str) -> str:

@@ -7,7 +7,7 @@ node at the GPU of NIC ``c`` and leaves it through the same NIC ("NET n -> GPU a
 2.30.7; the last GPU reaches NIC ``c`` over NVLink, PXN), so ``c`` channels use
 ``c`` NICs while sharing NVLink.  Here channel ``c`` visits each node's GPUs from
 local rank ``c``: ``c, c+1, ..., c-1``, then local rank ``c`` of the next node,
-which a rail-optimised cluster (:class:`~colltutor.topologies.RailCluster`)
+which a rail-optimised cluster (:class:`~colltutor.clusters.RailCluster`)
 reaches on rail ``c``.  On one node every channel's ring is the flat ring turned
 round, which is the same ring.
 """

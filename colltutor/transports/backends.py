@@ -71,7 +71,8 @@ MPIEXEC = "mpiexec"
 THREADS = "threads"
 """Ranks are threads of one process (:func:`colltutor.transports.local.run`)."""
 SIMGRID = "simgrid"
-"""Ranks are actors of a simulated cluster (:func:`colltutor.simulate`)."""
+"""Ranks are actors of a simulated cluster
+(:func:`colltutor.simulate <colltutor.simulation.simulate>`)."""
 
 MakeTransport = Callable[[dist.ProcessGroup, int, list[int], int], Transport]
 """``make(group, rank, names, tag)``: the transport of ``group`` seen from group rank
@@ -112,6 +113,9 @@ class Backend:
     batched_for: Callable[[Transport, torch.Tensor], bool] | None = None
     """Whether a user's messages of a tensor travel in one group, where that depends
     on the tensor's device (a ``"colltutor"`` group: CUDA tensors go over NCCL)."""
+    segment_bytes: int | None = None
+    """The longest message colltutor's primitives post on it, or None for the
+    default pieces of :func:`colltutor.p2p.segments`."""
     oracle: bool = False
     """Whether its native collectives are torch.distributed's reference results
     (the self-test compares colltutor with them)."""
@@ -282,7 +286,10 @@ NCCL_RULES = Backend("nccl-rules", "gloo", nccl_rules_transport, FORK,
 """NCCL's rules on the CPU (``COLLTUTOR_EMULATE=nccl``,
 :mod:`colltutor.transports.nccl_rules`): what ``nccl`` gives where it is asked."""
 MPI = Backend("mpi", "mpi4py", mpi_transport, MPIEXEC, mpi_join, cpu, on_cpu("MPI"),
-              tags=two_spaces)
+              tags=two_spaces, segment_bytes=1 << 30)
+"""MPI moves a long message in pieces of its own (MPICH uses its shared-memory
+cells on a node, a rendezvous between nodes), as it does for its own collectives;
+colltutor's segments would only add steps, so messages go whole (up to 1 GiB)."""
 COLLTUTOR = Backend("colltutor", "colltutor", colltutor_transport, FORK,
                     torch_join("colltutor"), bound_or_cpu, on_cpu_or_gpu,
                     batched_for=device_batches)

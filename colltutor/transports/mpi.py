@@ -83,11 +83,6 @@ class MpiTransport:
     so that they never match a user's point-to-point messages, whatever the tags;
     MPI's tags end at ``MPI_TAG_UB`` (2**29 - 1 in MPICH)."""
 
-    segment_bytes = 1 << 30
-    """MPI moves a long message in pieces of its own (MPICH uses its shared-memory
-    cells on a node, a rendezvous between nodes), as it does for its own collectives;
-    colltutor's segments would only add steps, so messages go whole (up to 1 GiB)."""
-
     def __init__(self, group: MpiGroup, space: int, tag: int) -> None:
         self.comm = group.own if space else group.comm
         self.tag = tag

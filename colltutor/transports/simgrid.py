@@ -16,7 +16,7 @@ Tensors may be ``meta`` tensors (shapes, no memory): nothing is copied and every
 reduction is free for torch, so a thousand ranks fit in memory.  With real tensors
 a send carries a copy taken when it is posted and the receive copies it in, so
 results are exact.  SimGrid keeps one simulation per process: call
-:func:`colltutor.simulate.simulate`, which runs each one in a fresh rank process.
+:func:`colltutor.simulation.simulate`, which runs each one in a fresh rank process.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from colltutor import ops
-from colltutor.topologies import DOWN, UP, Link
+from colltutor.clusters import DOWN, UP, Link
 from colltutor.transports import Handle, Message, backends
 
 INSTALL = (
@@ -363,7 +363,7 @@ class SimTransport:
 
 def platform(sg: Any, engine: Any, topology: Any, switch: bool = False,
              latencies: bool = True) -> list[Any]:
-    """Build ``topology`` (:mod:`colltutor.topologies`) as SimGrid's platform; its
+    """Build ``topology`` (:mod:`colltutor.clusters`) as SimGrid's platform; its
     hosts in rank order, then the switch's when ``switch`` (NVLink SHARP).
     ``latencies=False``: links without their latency (FIFO semantics charge a
     route's latency themselves, :meth:`World.enqueue`).
@@ -415,7 +415,7 @@ def _latencies(topology: Any) -> dict[str, float]:
 def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
     """All ranks on one host of ``cores`` cores; every message crosses its one
     shared ``memory`` link (a copy through memory); its latency is CPU time
-    (:attr:`~colltutor.topologies.Machine.overhead`)."""
+    (:attr:`~colltutor.clusters.Machine.overhead`)."""
     host = zone.create_host("machine", speed)
     host.core_count = machine.cores
     host.seal()

@@ -1,6 +1,6 @@
 """Replay recorded messages on SimGrid's C++ engine: a 1,024-GPU ring in seconds.
 
-:func:`colltutor.simulate.simulate` with ``replay=True`` records each rank's
+:func:`colltutor.simulation.simulate` with ``replay=True`` records each rank's
 messages once (:mod:`colltutor.schedule`); this module plays that record on a
 small C++ program (``replay.cpp``, beside this file, compiled on first use) that
 starts the activities :mod:`colltutor.transports.simgrid` starts from Python, at
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from colltutor.topologies import DOWN, UP, Hop
+from colltutor.clusters import DOWN, UP, Hop
 from colltutor.transports import simgrid as sim
 
 SOURCE = pathlib.Path(__file__).with_name("replay.cpp")

@@ -8,7 +8,7 @@
 
 The algorithm is the registry's own function (:mod:`colltutor.registry`), run
 unchanged by every rank as a SimGrid actor (:mod:`colltutor.transports.simgrid`)
-over the links of a topology (:mod:`colltutor.topologies`).  Small runs use real
+over the links of a topology (:mod:`colltutor.clusters`).  Small runs use real
 tensors and check the result; large ones use ``meta`` tensors (shapes only), so
 that 1,024 ranks fit in memory.  NVLink SHARP, where the switch itself reduces, is
 not a send/recv algorithm: ``algorithm="nvls"`` simulates it on a topology whose
@@ -24,12 +24,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import importlib
 import inspect
 import math
 import os
-import sys
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,16 +34,16 @@ from typing import Any
 import torch
 
 from colltutor import (
+    clusters,
     contract,
-    nccl_model,
+    nccl_tuning,
     ops,
     p2p,
     registry,
     schedule,
-    topologies,
+    tracing,
     tuning,
 )
-from colltutor import trace as tracing
 from colltutor.transports import simgrid as sim
 
 REAL_UP_TO = 1 << 24
@@ -78,7 +75,7 @@ class Result:
     build: float = 0.0
     """Real seconds building the platform took."""
     trace: Any = field(default=None, repr=False)
-    """A :class:`colltutor.trace.Trace` in simulated seconds (``draw.timeline``)."""
+    """A :class:`colltutor.tracing.Trace` in simulated seconds (``draw.timeline``)."""
     outputs: list[Any] | None = field(default=None, repr=False)
     """With real tensors, each rank's buffer(s) at the end."""
     correct: bool | None = None
@@ -95,9 +92,9 @@ class Result:
     (``"no C++ compiler (g++)"``, ``"no SimGrid headers ..."``)."""
     recorded: float = 0.0
     """Real seconds recording the messages took (a replay, not from the cache)."""
-    nccl: nccl_model.Prediction | None = field(default=None, repr=False)
+    nccl: nccl_tuning.Prediction | None = field(default=None, repr=False)
     """NCCL's tuning model for this collective on this topology (a GPU one), every
-    pair's time and its ``choice`` (:func:`colltutor.nccl_model.nccl_model`)."""
+    pair's time and its ``choice`` (:func:`colltutor.clusters.nccl_model`)."""
     nccl_pair: tuple[str, str] | None = None
     """NCCL's algorithm and protocol that this run stands for, as a pair; the one
     simulate ran for NCCL's choice, or the counterpart of the algorithm named."""
@@ -123,7 +120,7 @@ class Result:
         return self.messages / self.wall if self.wall else math.inf
 
 
-def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
+def simulate(collective: str, nbytes: int, topology: str | clusters.Topology,
              algorithm: str | Callable[..., None] | None = None, *, op: object = "sum",
              dtype: torch.dtype = torch.float32, root: int = 0,
              real: bool | None = None, trace: bool | None = None,
@@ -135,10 +132,10 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
 
     ``nbytes`` is the collective's size as nccl-tests counts it (the tensor; the
     whole gathered or scattered buffer; all a rank sends for all-to-all).
-    ``topology``: a name from :func:`colltutor.topologies.topologies` or a topology
+    ``topology``: a name from :func:`colltutor.clusters.topologies` or a topology
     object.  ``algorithm``: a name from ``colltutor.algorithms(collective)``, or
     ``"nvls"`` for NVLink SHARP; by default, on a GPU topology, what NCCL would
-    run (:func:`nccl_choice`: the choice of :func:`colltutor.nccl_model.nccl_model`,
+    run (:func:`nccl_choice`: the choice of :func:`colltutor.clusters.nccl_model`,
     under its protocol unless the topology's name gives one; across nodes on
     NCCL's channels, :func:`as_nccl_runs`), elsewhere
     colltutor's own choice (:func:`colltutor.tuning.choose`).  ``"pat"`` on a GPU
@@ -179,16 +176,16 @@ def simulate(collective: str, nbytes: int, topology: str | topologies.Topology,
         raise sim.SimGridMissing()
     sim.load()  # a SimGrid release the transport cannot use stops here, named
     named_protocol = isinstance(topology, str) and "/" in topology
-    topology = topologies.get(topology)
+    topology = clusters.get(topology)
     p = topology.ranks
     name = contract.collective(collective)  # all_gather_into_tensor -> all_gather
     cluster = _cluster(topology)
-    prediction = nccl_model.predict(name, nbytes, topology) if cluster else None
+    prediction = clusters.predict(name, nbytes, topology) if cluster else None
     pair = None
     if algorithm is None and prediction is not None:
         algorithm, pair = nccl_choice(name, prediction, bool(topology.nvls))
         if algorithm is not None and not named_protocol:
-            topology = topologies.with_protocol(topology, pair[1])
+            topology = clusters.with_protocol(topology, pair[1])
         algorithm, options = as_nccl_runs(algorithm, cluster, options)
     algorithm = algorithm or tuning.choose(name, nbytes, p)
     if algorithm == "pat" and cluster is not None:
@@ -227,11 +224,11 @@ NCCL_ALGORITHMS = {
     "nvls": ("nvls",),
     "pat": ("pat",),
 }
-"""NCCL's algorithms (:data:`colltutor.nccl_model.ALGORITHMS`) and the registry's
+"""NCCL's algorithms (:data:`colltutor.nccl_tuning.ALGORITHMS`) and the registry's
 that run them here, preferred first."""
 
 
-def nccl_choice(collective: str, prediction: nccl_model.Prediction,
+def nccl_choice(collective: str, prediction: nccl_tuning.Prediction,
                 nvls: bool = True) -> tuple[str | None, tuple[str, str] | None]:
     """The registry's algorithm (or ``"nvls"``, where ``nvls``: the switch
     reduces) for NCCL's choice in ``prediction``, and that (algorithm, protocol)
@@ -246,7 +243,7 @@ def nccl_choice(collective: str, prediction: nccl_model.Prediction,
     return None, None
 
 
-def as_nccl_runs(algorithm: str | None, cluster: nccl_model.Cluster,
+def as_nccl_runs(algorithm: str | None, cluster: nccl_tuning.Cluster,
                  options: dict | None) -> tuple[str | None, dict | None]:
     """NCCL's choice as NCCL runs it across nodes: its ring is rail-matched, one
     ring a channel (``multi_channel_ring``), and its tree too runs on every channel,
@@ -255,33 +252,33 @@ def as_nccl_runs(algorithm: str | None, cluster: nccl_model.Cluster,
     every channel's ring is the flat ring, which is then run once."""
     if cluster.nodes == 1 or algorithm not in ("ring", "nccl_tree") or options:
         return algorithm, options
-    channels = nccl_model.comm_channels(cluster)
+    channels = nccl_tuning.comm_channels(cluster)
     return ("multi_channel_ring" if algorithm == "ring" else algorithm,
             {"channels": channels})
 
 
-def check_pat(cluster: nccl_model.Cluster, name: str) -> None:
+def check_pat(cluster: nccl_tuning.Cluster, name: str) -> None:
     """Raise ``ValueError`` unless NCCL would run PAT on ``cluster``: only with one
     GPU per node (``ncclPatEnable``, ``src/graph/tuning.cc``, NCCL 2.30.7: also a
     host network and SM60 or newer, which H100 clusters have)."""
-    if not nccl_model.pat_enabled(cluster):
+    if not nccl_tuning.pat_enabled(cluster):
         raise ValueError(
             f"pat on {name}: NCCL enables PAT only with one GPU per node "
-            f"(ncclPatEnable in src/graph/tuning.cc, NCCL {nccl_model.VERSION}: "
+            f"(ncclPatEnable in src/graph/tuning.cc, NCCL {nccl_tuning.VERSION}: "
             f"nNodes == nRanks), and {name} has {cluster.gpus} per node; simulate "
             "it on h100-cluster-1gpu:N, or on a star or this-machine topology")
 
 
-def nvls_latency(cluster: nccl_model.Cluster) -> float:
+def nvls_latency(cluster: nccl_tuning.Cluster) -> float:
     """Seconds NCCL's model charges an NVLS all-reduce besides its bytes: the
     NVLink hop of NVLS (25 us, Simple), and the network's across nodes
     (``hwLatencies``, ``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL
     2.30.7).  The simulation charges it once, before the first message, and no
     latency per message to and from the switch."""
-    return nccl_model.latency("all_reduce", "nvls", "simple", cluster) * 1e-6
+    return nccl_tuning.latency("all_reduce", "nvls", "simple", cluster) * 1e-6
 
 
-def _counterpart(prediction: nccl_model.Prediction, algorithm: str, name: str
+def _counterpart(prediction: nccl_tuning.Prediction, algorithm: str, name: str
                  ) -> tuple[str, str] | None:
     """NCCL's pair for the registry's ``algorithm`` under the protocol the
     topology ``name`` runs (``"h100-node/ll"``), or its fastest protocol."""
@@ -291,11 +288,11 @@ def _counterpart(prediction: nccl_model.Prediction, algorithm: str, name: str
     return same if same in prediction else pair
 
 
-def _cluster(topology: topologies.Topology) -> nccl_model.Cluster | None:
+def _cluster(topology: clusters.Topology) -> nccl_tuning.Cluster | None:
     """The nodes and GPUs NCCL's model reads of ``topology``, or ``None`` where it
     is not a GPU topology."""
     try:
-        return nccl_model.cluster_of(topology)
+        return clusters.cluster_of(topology)
     except ValueError:
         return None
 
@@ -362,10 +359,10 @@ def _program(comm: p2p.Comm, collective: str, algorithm: Any, p: int, count: int
              ) -> Any:
     """One rank of the simulation: its buffers, then the algorithm on them, its
     messages cut into pipeline steps of at most ``step`` bytes (the topology's
-    protocol, :attr:`colltutor.topologies.Protocol.step`), ``NCCL_STEPS`` of
+    protocol, :attr:`colltutor.clusters.Protocol.step`), ``NCCL_STEPS`` of
     them in flight as in a connection's FIFO (``src/device/prims_simple.h``)."""
     if step:  # NCCL's pipeline: steps of the protocol, its FIFO's slots in flight
-        comm.segment_bytes, comm.in_flight = step, topologies.NCCL_STEPS
+        comm.segment_bytes, comm.in_flight = step, clusters.NCCL_STEPS
     bufs = buffers(collective, comm.rank, p, count, dtype, device, root)
     if recorders and bufs and isinstance(bufs[0], torch.Tensor):
         recorders[comm.rank].watch(bufs[0])
@@ -603,14 +600,13 @@ def main(argv: list[str] | None = None) -> int:
     row per algorithm (``-a all``: every one), nccl-tests' columns."""
     import argparse
 
-    from colltutor import nccl_model
     from colltutor.bench import human, parse_size
 
     ap = argparse.ArgumentParser(prog="colltutor simulate", description=main.__doc__)
     ap.add_argument("collective", type=contract.argument,  # any public spelling
                     choices=list(registry.COLLECTIVES))
     ap.add_argument("size", type=parse_size, help="bytes: 1024, 64K, 1G")
-    ap.add_argument("topology", help=", ".join(topologies.topologies()))
+    ap.add_argument("topology", help=", ".join(clusters.topologies()))
     ap.add_argument("-a", "--algorithm", nargs="*", default=[None])
     ap.add_argument("--timeline", help="draw the first run's messages into this PNG")
     ap.add_argument("--semantics", choices=sim.SEMANTICS, default=None,
@@ -623,8 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     if names == ["all"]:
         names = list(registry.find(args.collective))
     print(f"# {args.collective} of {human(args.size)} on {args.topology}")
-    model = nccl_model.predict(args.collective, args.size, args.topology)
-    if model:  # NCCL's own prediction beside each run (colltutor/nccl_model.py)
+    model = clusters.predict(args.collective, args.size, args.topology)
+    if model:  # NCCL's own prediction beside each run (colltutor/nccl_tuning.py)
         print(f"# {model.describe()}")
     print(f"# {'algorithm':>20} {'time (us)':>12} {'algbw':>8} {'busbw':>8} "
           f"{'messages':>9} {'wall (s)':>8}")
@@ -649,16 +645,3 @@ def _beside(r: Result) -> str:
         return "NCCL -"
     return f"NCCL {'/'.join(r.nccl_pair)} {r.nccl[r.nccl_pair] * 1e6:.1f} us"
 
-
-class _Module(types.ModuleType):
-    """Lets the module itself be called: ``colltutor.simulate(...)`` is
-    ``colltutor.simulate.simulate(...)`` (as ``colltutor.trace()`` is)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Result:
-        return simulate(*args, **kwargs)
-
-    def __reduce__(self):  # pickled by name, like any module (cloudpickle needs it)
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Module

@@ -6,7 +6,8 @@ microseconds and a bandwidth in GB/s, set once per communicator by
 ``ncclTopoTuneModel`` (``src/graph/tuning.cc``), and a time per call,
 ``latency + bytes / bandwidth``, from ``ncclTopoGetAlgoTime`` (same file).
 ``topoGetAlgoInfo`` (``src/enqueue.cc``) takes the pair with the least time.
-:func:`nccl_model` writes that model again in Python, for a colltutor topology.
+:func:`model` writes that model again in Python, for a cluster of H100 nodes
+(:func:`colltutor.clusters.nccl_model` for a colltutor topology).
 The version read is NCCL 2.30.7 (``makefiles/version.mk``, github:NVIDIA/nccl).
 
 NCCL feeds the model with what its topology search found (``ncclTopoCompute``,
@@ -33,13 +34,10 @@ link rates are not read: the model is NCCL's, not the simulator's.
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-import types
 from dataclasses import dataclass
 
-from colltutor import contract, topologies
+from colltutor import contract
 
 VERSION = "2.30.7"
 """The NCCL release this model follows."""
@@ -102,7 +100,10 @@ SM90_SPEEDS_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0,
 (GB/s) ``ncclTopoCompute`` tries, fastest first, on one node / across nodes."""
 
 NVLINK_TOTAL = 18 * 20.6  # GB/s per GPU into the NVSwitch: 18 x SM90_NVLINK_BW (topo.h)
-GPU_NIC = topologies.GPU_NIC / topologies.GB  # GB/s of the GPU-NIC path (PCIe Gen5 x16)
+GPU_NIC = 48.0
+"""GB/s NCCL's topology gives the PCIe Gen5 x16 path between a GPU and its NIC:
+``width * speed / 80`` with ``"32.0 GT/s PCIe"`` -> 240 (``kvDictPciGen``,
+``ncclTopoAddPci``, ``src/graph/topo.cc``), 16 x 240 / 80 = 48."""
 MAX_CHANNELS = 32         # ringGraph->maxChannels = MAXCHANNELS / 2 (init.cc)
 
 
@@ -214,22 +215,6 @@ def nvls_graph(cluster: Cluster) -> Graph | None:
     inter = max(s for s in speeds if s <= top and s < 2 * intra)
     return Graph(min(cluster.gpus, 32), intra, max(inter, intra))
 
-
-def cluster_of(topology: str | topologies.Topology) -> Cluster:
-    """The nodes and GPUs of a GPU topology (a preset name or object): an
-    ``h100-node`` (one node, its ranks on NVSwitch) or an ``h100-cluster``
-    (:class:`~colltutor.topologies.RailCluster`).  Others raise ``ValueError``."""
-    if isinstance(topology, str) and topology.partition(":")[0].partition("/")[0] in (
-            "this-machine", "star"):  # not GPUs (and this-machine measures this one)
-        raise ValueError(f"NCCL's model needs a GPU topology (h100-node, "
-                         f"h100-cluster:N), not {topology}")
-    topo = topologies.get(topology)
-    if isinstance(topo, topologies.RailCluster):
-        return Cluster(topo.nodes, topo.gpus, nvswitch=topo.gpus > 1)
-    if isinstance(topo, topologies.Star) and topo.name.startswith("h100-node"):
-        return Cluster(1, topo.ranks, nvswitch=True)
-    raise ValueError(f"NCCL's model needs a GPU topology (h100-node, h100-cluster:N), "
-                     f"not {topo.name}")
 
 
 # --- ncclTopoTuneModel (tuning.cc) ----------------------------------------------------
@@ -503,14 +488,15 @@ COUNTERPARTS = {
 execution)."""
 
 
-def nccl_model(collective: str, nbytes: int,
-               topology: str | topologies.Topology) -> Prediction:
+
+
+def model(collective: str, nbytes: int, cluster: Cluster) -> Prediction:
     """NCCL's predicted time of one ``collective`` of ``nbytes`` bytes (as
     nccl-tests counts them: the whole buffer, the gathered one for all-gather) on
-    ``topology``, for every (algorithm, protocol) pair NCCL considers there, in
+    ``cluster``, for every (algorithm, protocol) pair NCCL considers there, in
     seconds; ``.choice`` is the pair NCCL picks.  See the module's docstring for
-    what comes from the topology and what is assumed."""
-    coll, cluster = function(collective), cluster_of(topology)
+    what comes from the cluster and what is assumed."""
+    coll = function(collective)
     if cluster.ranks < 2:
         raise ValueError("NCCL's model needs at least 2 ranks")
     times = {}
@@ -523,31 +509,5 @@ def nccl_model(collective: str, nbytes: int,
     return Prediction(coll, int(nbytes), cluster, times)
 
 
-def predict(collective: str, nbytes: int,
-            topology: str | topologies.Topology) -> Prediction | None:
-    """:func:`nccl_model`, or ``None`` where NCCL's model says nothing: a
-    collective NCCL's tuning does not cover (gather, all-to-all, ...), a topology
-    that is not a GPU one.  For tables that print the model when it applies."""
-    try:
-        return nccl_model(collective, nbytes, topology)
-    except ValueError:
-        return None
-
-
-class _Module(types.ModuleType):
-    """Lets the module itself be called, as :mod:`colltutor.simulate` is:
-    ``colltutor.nccl_model(...)`` while ``colltutor.nccl_model.ring_graph`` and the
-    rest stay here."""
-
-    def __call__(self, collective: str, nbytes: int,
-                 topology: str | topologies.Topology) -> Prediction:
-        return nccl_model(collective, nbytes, topology)
-
-    def __reduce__(self):  # pickled by name, like any module
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Module
-
 __all__ = ["ALGORITHMS", "PROTOCOLS", "VERSION", "Cluster", "Graph", "Prediction",
-           "cluster_of", "nccl_model", "nvls_graph", "predict", "ring_graph"]
+           "model", "nvls_graph", "ring_graph"]

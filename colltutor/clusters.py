@@ -2,7 +2,7 @@
 
 A topology numbers its ranks, lists its links and says which links a message from
 rank ``a`` to rank ``b`` crosses (:meth:`Star.route`, :meth:`RailCluster.route`).
-:func:`colltutor.simulate.simulate` hands it to SimGrid, whose network model shares
+:func:`colltutor.simulation.simulate` hands it to SimGrid, whose network model shares
 every link among the messages crossing it at the same time.  This module is plain
 Python, so routes can be printed and tested without SimGrid.  The presets
 (:func:`topologies`):
@@ -28,10 +28,9 @@ The book's chapter on simulated clusters explains these models.
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
-import types
 from dataclasses import dataclass
+
+from colltutor import nccl_tuning
 
 GB = 1e9
 UP, DOWN = True, False
@@ -57,11 +56,9 @@ NCCL_STEPS = 8
 NIC = 50 * GB
 """A 400 Gb/s NIC's line rate, bytes/s each way."""
 
-GPU_NIC = 48 * GB
-"""The rate NCCL's topology gives the PCIe Gen5 x16 path between a GPU and its NIC:
-``width * speed / 80`` GB/s with ``"32.0 GT/s PCIe"`` -> 240 (``kvDictPciGen``,
-``ncclTopoAddPci``, ``src/graph/topo.cc``, NCCL 2.30.7), 16 x 240 / 80 = 48.
-Traffic to the network moves at the slower of it and :data:`NIC`."""
+GPU_NIC = nccl_tuning.GPU_NIC * GB
+"""The rate NCCL's topology gives the PCIe Gen5 x16 path between a GPU and its NIC,
+bytes/s (:data:`colltutor.nccl_tuning.GPU_NIC`)."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +123,8 @@ def protocol_cap(protocol: str, nodes: int, gpus: int) -> float | None:
     ``llMaxBws`` (Hopper's row on one node, the x86 CPU's across nodes), LL128
     at most ``perChMaxRingLL128Bws`` per channel of the ring graph
     (``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL 2.30.7; the tables in
-    :mod:`colltutor.nccl_model`).  The presets cap each GPU's links with it."""
-    from colltutor import nccl_model as m
+    :mod:`colltutor.nccl_tuning`).  The presets cap each GPU's links with it."""
+    from colltutor import nccl_tuning as m
 
     i2 = min(nodes, 3) - 1
     if protocol == "ll":
@@ -415,20 +412,46 @@ def with_protocol(topology: Topology, protocol: str) -> Topology:
     raise ValueError(f"{topology.name} has no NCCL protocols")
 
 
-class _Module(types.ModuleType):
-    """Lets the module itself be called: ``colltutor.topologies()`` lists the
-    presets, while ``colltutor.topologies.h100_cluster`` and the rest stay here."""
+# --- What NCCL would do on a topology ---------------------------------------------
 
-    def __call__(self) -> list[str]:
-        return topologies()
+def cluster_of(topology: str | Topology) -> nccl_tuning.Cluster:
+    """The nodes and GPUs of a GPU topology (a preset name or object), as NCCL's
+    model sees them: an ``h100-node`` (one node, its ranks on NVSwitch) or an
+    ``h100-cluster`` (:class:`RailCluster`).  Others raise ``ValueError``."""
+    if isinstance(topology, str) and topology.partition(":")[0].partition("/")[0] in (
+            "this-machine", "star"):  # not GPUs (and this-machine measures this one)
+        raise ValueError(f"NCCL's model needs a GPU topology (h100-node, "
+                         f"h100-cluster:N), not {topology}")
+    topo = get(topology)
+    if isinstance(topo, RailCluster):
+        return nccl_tuning.Cluster(topo.nodes, topo.gpus, nvswitch=topo.gpus > 1)
+    if isinstance(topo, Star) and topo.name.startswith("h100-node"):
+        return nccl_tuning.Cluster(1, topo.ranks, nvswitch=True)
+    raise ValueError(f"NCCL's model needs a GPU topology (h100-node, h100-cluster:N), "
+                     f"not {topo.name}")
 
-    def __reduce__(self):  # pickled by name, like any module (cloudpickle needs it)
-        return importlib.import_module, (self.__name__,)
+
+def nccl_model(collective: str, nbytes: int,
+               topology: str | Topology) -> nccl_tuning.Prediction:
+    """NCCL's predicted time of one ``collective`` of ``nbytes`` bytes on
+    ``topology``, per (algorithm, protocol) pair, in seconds; ``.choice`` is the
+    pair NCCL picks (:func:`colltutor.nccl_tuning.model`, a port of NCCL's
+    ``src/graph/tuning.cc``)."""
+    return nccl_tuning.model(collective, nbytes, cluster_of(topology))
 
 
-sys.modules[__name__].__class__ = _Module
+def predict(collective: str, nbytes: int,
+            topology: str | Topology) -> nccl_tuning.Prediction | None:
+    """:func:`nccl_model`, or ``None`` where NCCL's model says nothing: a
+    collective NCCL's tuning does not cover (gather, all-to-all, ...), a topology
+    that is not a GPU one.  For tables that print the model when it applies."""
+    try:
+        return nccl_model(collective, nbytes, topology)
+    except ValueError:
+        return None
 
 __all__ = ["GB", "H100_GAMMA", "NCCL_STEPS", "NET_OVERHEAD", "NVLS_EFFICIENCY",
            "PROTOCOLS", "Link", "Machine", "Protocol", "RailCluster", "Star",
-           "Topology", "get", "h100_cluster", "h100_node", "protocol_cap",
+           "Topology", "cluster_of", "get", "h100_cluster", "h100_node", "nccl_model",
+           "predict", "protocol_cap",
            "this_machine", "topologies", "with_protocol"]

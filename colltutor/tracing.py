@@ -1,13 +1,13 @@
 """Record every message a collective sends, to draw it and to count it.
 
-Inside a rank function (``colltutor.trace()`` is ``colltutor.trace.record()``)::
+Inside a rank function (``colltutor.trace()`` is ``colltutor.tracing.record()``)::
 
     with colltutor.trace() as t:
         buf = t.watch(torch.arange(8.0))          # the buffer the pictures show
         colltutor.all_reduce(buf, algorithm="ring")
     return t                                        # a picklable RankTrace
 
-and in the caller ``trace.merge(results)`` joins the ranks' records into one
+and in the caller ``tracing.merge(results)`` joins the ranks' records into one
 :class:`Trace`: every message with its source, destination, size, the chunk of the
 watched buffer it was read from and written to, its start and end time, and the
 *round* it belongs to.  Small watched buffers are copied before and after every step
@@ -29,10 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import importlib
-import sys
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -497,7 +494,7 @@ def run_collective(collective: str, world_size: int, algorithm: str | None = Non
 def traced(fn: Callable, small: int = SMALL) -> Callable:
     """``fn`` run inside :func:`record`: returns ``(fn's result, RankTrace)``.
 
-    ``colltutor.run(trace.traced(fn), 4)`` then ``trace.collect(results)`` gives the
+    ``colltutor.run(trace.traced(fn), 4)`` then ``tracing.collect(results)`` gives the
     results and the merged trace: what ``run(..., trace=True)`` does.
     """
     @functools.wraps(fn)
@@ -514,17 +511,3 @@ def collect(results: Sequence[tuple[object, RankTrace]]) -> tuple[list, Trace]:
     merged trace)``."""
     return [r for r, _ in results], merge([t for _, t in results])
 
-
-class _Module(types.ModuleType):
-    """Lets the module itself be called: ``with colltutor.trace() as t:`` is
-    ``with colltutor.trace.record() as t:``, while ``colltutor.trace.merge`` and the
-    rest stay where they are."""
-
-    def __call__(self, small: int = SMALL) -> contextlib.AbstractContextManager:
-        return record(small)
-
-    def __reduce__(self):  # pickled by name, like any module (cloudpickle needs it)
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Module
