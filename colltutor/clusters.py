@@ -30,7 +30,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from colltutor import nccl_tuning
+from colltutor import cost, nccl_tuning
+from colltutor.runtime import cores as available
 
 GB = 1e9
 UP, DOWN = True, False
@@ -124,7 +125,7 @@ def protocol_cap(protocol: str, nodes: int, gpus: int) -> float | None:
     at most ``perChMaxRingLL128Bws`` per channel of the ring graph
     (``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL 2.30.7; the tables in
     :mod:`colltutor.nccl_tuning`).  The presets cap each GPU's links with it."""
-    from colltutor import nccl_tuning as m
+    m = nccl_tuning
 
     i2 = min(nodes, 3) - 1
     if protocol == "ll":
@@ -345,8 +346,6 @@ def this_machine(alpha: float | None = None, beta: float | None = None,
     """``ranks`` ranks on this machine (:class:`Machine`): its cores, and the
     alpha, beta and gamma given, or fitted once per process by
     :func:`colltutor.cost.measure` (a few seconds)."""
-    from colltutor.runtime import cores as available
-
     if alpha is None or beta is None or gamma is None:
         fitted = _fitted()
         alpha = fitted["alpha"] if alpha is None else alpha
@@ -358,8 +357,6 @@ def this_machine(alpha: float | None = None, beta: float | None = None,
 
 @functools.cache
 def _fitted() -> dict[str, float]:
-    from colltutor import cost
-
     return cost.measure()
 
 

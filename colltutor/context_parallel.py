@@ -26,7 +26,7 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from colltutor import draw, p2p
+from colltutor import draw, p2p, runtime, tracing
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -143,8 +143,6 @@ def attention_step(chunk: int = 4, heads: int = 2, dim: int = 4,
     """One rank's part of ring attention on fixed random Q, K, V (seed 0) of
     ``2 * chunk`` tokens per rank, traced: its output block (on the CPU), its tile
     count and its trace."""
-    from colltutor import runtime, tracing
-
     rank, p = dist.get_rank(), dist.get_world_size()
     q, k, v = inputs(2 * p * chunk, heads, dim)
     mine = [shard(x, p, rank, layout).to(runtime.device()) for x in (q, k, v)]
@@ -219,8 +217,6 @@ def picture(p: int, counts: dict[str, Sequence[int]],
 
 def book_figure(p: int = 4, fontsize: float = draw.MIN_FONT) -> list[Figure]:
     """The chapter's picture, its tile counts from a real causal run of each split."""
-    from colltutor import runtime
-
     counts = {layout: [r[1] for r in runtime.run(attention_step, p, 2, causal=True,
                                                  layout=layout, backend="gloo")]
               for layout in LAYOUTS}

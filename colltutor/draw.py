@@ -28,6 +28,7 @@ the website's test reads.
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Iterable, Sequence
 
@@ -36,10 +37,13 @@ from matplotlib.axes import Axes
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Circle, FancyArrowPatch, Rectangle
 from matplotlib.text import Text
+from matplotlib.textpath import TextToPath
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from colltutor import cost, registry
 from colltutor.p2p import block_sizes
 from colltutor.tracing import EMPTY, Trace, decode
 
@@ -225,9 +229,6 @@ def _fits(text: str, points: float, size: float = MIN_FONT) -> bool:
 @functools.lru_cache(maxsize=4096)
 def text_width(text: str, size: float) -> float:
     """How wide ``text`` is at ``size`` points, in points (its widest line)."""
-    from matplotlib.font_manager import FontProperties
-    from matplotlib.textpath import TextToPath
-
     measure = TextToPath().get_text_width_height_descent
     return max(measure(line, FontProperties(size=size), ismath=False)[0]
                for line in text.split("\n"))
@@ -687,8 +688,6 @@ def model(collective: str, p: int, alpha: float, beta: float, gamma: float = 0.0
     """Predicted time of every algorithm of ``collective`` on ``p`` ranks against
     message size (:func:`colltutor.cost.predict`, log-log), with measured
     ``(nbytes, seconds)`` points per algorithm drawn over the lines if given."""
-    from colltutor import cost, registry
-
     sizes = list(sizes or [1 << k for k in range(0, 27)])
     scale = fontsize / MIN_FONT
     fig = figure(figsize=(7, 4.2 * scale), layout="constrained")
@@ -736,8 +735,6 @@ def _micros(t: float) -> str:
 def show(fig: Figure, dpi: int = 90) -> None:
     """Display ``fig`` in a notebook as a PNG (figures here are made without pyplot,
     so Jupyter would otherwise show only their text form)."""
-    import io
-
     from IPython.display import Image, display
 
     buffer = io.BytesIO()

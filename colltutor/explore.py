@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterable
 from matplotlib.figure import Figure
 
 from colltutor import draw
-from colltutor.tracing import COLLECTIVES, Trace, algorithms, run_collective
+from colltutor.tracing import (
+    COLLECTIVES,
+    Trace,
+    algorithms,
+    run_collective,
+    run_collectives,
+)
 
 VIEWS: dict[str, Callable[[Trace, int], Figure]] = {
     "round by round": lambda t, k: draw.frame(t, k),
@@ -169,8 +175,6 @@ def export(sizes: Iterable[int] = EXPORT_SIZES, timeout: float = 120) -> dict:
     "traces": {"name/algorithm/p":
     trace_data}, "skipped": {"name/algorithm/p": reason}}``.  An algorithm that
     refuses a world size is skipped there, with the reason."""
-    from colltutor.tracing import run_collectives
-
     sizes = list(sizes)
     cases = [(c, a) for c in COLLECTIVES for a in algorithms(c)]
     out: dict = {"collectives": {c: algorithms(c) for c in COLLECTIVES},

@@ -23,14 +23,18 @@ no text is drawn smaller than :data:`colltutor.draw.MIN_FONT` points.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 
+import torch
+import torch.distributed as dist
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
-from colltutor import draw, tracing
+from colltutor import draw, p2p, runtime, tracing
+from colltutor.collectives import broadcast
 from colltutor.tracing import Trace, decode
 
 SMALL = (  # the runs on 4 ranks, one element per rank
@@ -436,12 +440,6 @@ def bruck(fontsize: float = 12.0) -> list[Figure]:
 
 def _pipeline_rank(count: int, segments: int) -> Trace:
     """One rank of a pipelined-ring broadcast from rank 0 in ``segments`` pieces."""
-    import torch
-    import torch.distributed as dist
-
-    from colltutor import p2p
-    from colltutor.collectives import broadcast
-
     rank = dist.get_rank()
     buf = torch.full((count,), tracing.EMPTY, dtype=torch.int64)
     if rank == 0:
@@ -453,8 +451,6 @@ def _pipeline_rank(count: int, segments: int) -> Trace:
 
 def pipelined_broadcast(fontsize: float = 12.0) -> list[Figure]:
     """Chapter 3: the pipelined-ring broadcast on 4 ranks in 4 segments."""
-    from colltutor import runtime
-
     t = tracing.merge(runtime.run(_pipeline_rank, 4, 4, 4, backend="gloo",
                                 timeout=120), collective="broadcast",
                     algorithm="pipelined_ring", root=0)
@@ -490,8 +486,6 @@ def gather_and_scatter_ends(fontsize: float = 12.0) -> list[Figure]:
 
 
 def _only_own_block(t: Trace) -> Trace:
-    import copy
-
     t = copy.deepcopy(t)
     for r, rt in enumerate(t.ranks):
         for name, values in rt.final.items():

@@ -28,13 +28,21 @@ picture is drawn from that code, not from a copy of it.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from colltutor import draw
+from colltutor.bench import FACTORS, human
+from colltutor.clusters import GB, RailCluster
+from colltutor.collectives.double_tree import height, nodes
 
 MIN = draw.MIN_FONT
 
@@ -50,7 +58,6 @@ def _box(ax, x: float, y: float, w: float, h: float, text: str, face: str,
 
 
 def _rgb(face: str) -> tuple[float, float, float]:
-    from matplotlib.colors import to_rgb
     return to_rgb(face)
 
 
@@ -78,8 +85,6 @@ def double_tree(p: int = 8, fontsize: float = MIN) -> list[Figure]:
     """Both trees of :mod:`colltutor.collectives.double_tree` over ``p`` ranks, side
     by side, each drawn as a tree (root on top); a rank's interior nodes are filled,
     its leaves white, so that each rank is filled in at most one of the two."""
-    from colltutor.collectives.double_tree import height, nodes
-
     trees = [[nodes(r, p)[t] for r in range(p)] for t in (0, 1)]
     fig = draw.figure(figsize=(draw.WIDTH, 2.3 + 0.55 * height(p)),
                       layout="constrained")
@@ -129,8 +134,6 @@ def double_tree_odd(fontsize: float = MIN) -> list[Figure]:
 def gpu_nodes(fontsize: float = MIN) -> list[Figure]:
     """Two nodes of :func:`colltutor.clusters.h100_cluster`: eight GPUs on an
     NVSwitch each, one NIC per GPU into the network; link rates from that model."""
-    from colltutor.clusters import GB, RailCluster
-
     cluster = RailCluster("drawing", 2)
     gpus = cluster.gpus
     fig, ax = _canvas(draw.WIDTH, 4.1, (-0.3, 2 * gpus + 1.3), (-1.9, 5.4))
@@ -164,8 +167,6 @@ def rails(nodes: int = 4, gpus: int = 4, fontsize: float = MIN) -> list[Figure]:
     cabled to the leaf switch of rail ``i``, the leaves joined by a spine.  The
     route drawn in red is the one :meth:`~colltutor.clusters.RailCluster.route`
     returns for a message between different GPUs of two nodes (PXN)."""
-    from colltutor.clusters import RailCluster
-
     cluster = RailCluster("drawing", nodes, gpus, nodes_per_leaf=nodes)
     fig, ax = _canvas(draw.WIDTH, 4.0, (-0.5, nodes * (gpus + 1) - 0.5),
                       (-0.9, 6.4))
@@ -206,8 +207,6 @@ def moe_routing(p: int = 4, tokens: int = 4, fontsize: float = MIN) -> list[Figu
     rank ``e``: each rank's tokens coloured by the expert their router chose, after
     the dispatch (every expert's tokens on its rank, uneven counts) and after the
     combine (every token home, in its place)."""
-    import torch
-
     gen = torch.Generator().manual_seed(3)
     choice = torch.randint(0, p, (p, tokens), generator=gen).tolist()
     names = "abcdefgh"
@@ -327,8 +326,6 @@ def parallelisms(fontsize: float = MIN) -> list[Figure]:
 def course_map(fontsize: float = MIN) -> list[Figure]:
     """The book's chapters by part, in reading order, titles read from the pages
     themselves and parts from ``_toc.yml``."""
-    import re
-
     root = Path(__file__).resolve().parents[1]
     parts: list[tuple[str, list[str]]] = []
     for line in (root / "_toc.yml").read_text().splitlines():
@@ -411,8 +408,6 @@ STYLES = {("all_reduce", "ring"): ("ring all-reduce", 0, "o-"),
 
 def _stored(name: str = "simulate_scale") -> dict[str, list[dict]]:
     """The benchmark rows stored in ``book/data/<name>.json``."""
-    import json
-
     return json.loads((Path(__file__).resolve().parents[1] / "book" / "data"
                        / f"{name}.json").read_text())
 
@@ -440,7 +435,6 @@ def _scale_plot(nbytes: int, value, ylabel: str, title: str, log_y: bool,
                 color=draw._line(colour), label=name, linewidth=1.6, markersize=5)
     ax.set_xscale("log", base=2)
     if log_y:  # plain numbers: mathtext's small superscripts would be under 10 pt
-        from matplotlib.ticker import FuncFormatter, NullFormatter
 
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
@@ -479,8 +473,6 @@ def busbw(fontsize: float = MIN) -> list[Figure]:
     ``2(p-1)/p`` bytes per byte of data, its links always busy at 1 unit of
     bandwidth) against ``p``: algbw falls towards half the link rate, busbw
     (:data:`colltutor.bench.FACTORS`) stays at the link rate."""
-    from colltutor.bench import FACTORS
-
     ps = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     factor = FACTORS["all_reduce"]
     fig = draw.figure(figsize=(draw.WIDTH, 3.2), layout="constrained")
@@ -571,8 +563,6 @@ def pingpong(alpha: float = 20e-6, beta: float = 1 / 5e9,
     """Half a ping-pong's round trip, ``alpha + n beta``, against ``n`` (log
     scales, textbook parameters): flat where ``alpha`` dominates, rising where
     ``n beta`` does; the two meet at ``n = alpha / beta``."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
     sizes = [2.0 ** k for k in range(2, 27)]
     fig = draw.figure(figsize=(draw.WIDTH, 3.0), layout="constrained")
     ax = fig.subplots()
@@ -660,8 +650,6 @@ def ddp_overlap(fontsize: float = MIN) -> list[Figure]:
 def notebook_times(fontsize: float = MIN) -> list[Figure]:
     """The instructor guide's table of notebook times, as bars (read from the
     page itself, so that the two never disagree)."""
-    import re
-
     page = Path(__file__).resolve().parents[1] / "book" / "instructor_guide.md"
     rows = re.findall(r"^\| `(\w+)` \| (\d+) \|$", page.read_text(), flags=re.M)
     fig = draw.figure(figsize=(draw.WIDTH, 0.26 * len(rows) + 0.8),
@@ -800,8 +788,6 @@ def sizes_table() -> Table:
 
 
 def _size(nbytes: int) -> str:
-    from colltutor.bench import human
-
     return human(nbytes)
 
 
@@ -895,7 +881,5 @@ def fidelity_table() -> Table:
 
 def _source(text: str) -> str:
     """The issue a published figure comes from, as ``nccl-tests#212``."""
-    import re
-
     found = re.search(r"(?:NVIDIA/)?(nccl(?:-tests)?)#(\d+)", text)
     return f"{found[1]}#{found[2]}" if found else text

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from colltutor import draw, p2p
+from colltutor import draw, p2p, runtime, tracing
 from colltutor.tracing import RankTrace
 
 Op = tuple[str, int]
@@ -207,8 +207,6 @@ def traced_step(order: Callable[[int, int], list[list[Op]]], m: int,
     """One rank's part of a traced pipeline step of :func:`mlp` (seed 0) on a fixed
     batch: its stage's gradients (on the CPU), its peak of held microbatches, and
     its trace with the timetable in ``meta``."""
-    from colltutor import runtime, tracing
-
     s, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = mlp(p, width)
@@ -234,8 +232,6 @@ def reference(p: int, width: int = 8, batch: int = 16) -> list[list[torch.Tensor
 def book_figure(p: int = 4, m: int = 4, fontsize: float = draw.MIN_FONT
                 ) -> list[Figure]:
     """The chapter's pictures: GPipe and 1F1B on ``p`` ranks, traced."""
-    from colltutor import runtime
-
     figures = []
     for name, order in (("GPipe", gpipe), ("1F1B", one_f_one_b)):
         results = runtime.run(traced_step, p, order, m, backend="gloo")

@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 
 from colltutor import contract, p2p, registry
+from colltutor.ops import ReduceOp
+from colltutor.runtime import run
 
 SMALL = 64
 """Watched buffers up to this many elements (in all) are copied at every step."""
@@ -404,8 +406,6 @@ def algorithms(collective: str) -> list[str]:
 
 
 def _op(op: object):
-    from colltutor.ops import ReduceOp
-
     return getattr(ReduceOp, op.upper()) if isinstance(op, str) else op
 
 
@@ -458,8 +458,6 @@ def run_collectives(world_size: int, cases: Sequence[tuple], small: int = SMALL,
     :class:`Trace` per case, in order.  ``warmup=False`` skips the unrecorded
     first run of each case (counts do not need it; timelines do).
     """
-    from colltutor.runtime import run
-
     cases = [_case(world_size, *case) for case in cases]
     # gloo, even where there are GPUs: the buffers here live on the CPU
     results = run(_rank_run_many, world_size, cases, small, warmup, timeout=timeout,

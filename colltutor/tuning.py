@@ -26,6 +26,8 @@ import json
 import os
 from pathlib import Path
 
+from colltutor import cost
+
 KiB = 1024
 
 Table = dict[str, list[tuple[int | None, str]]]
@@ -141,8 +143,6 @@ def derive(p: int, alpha: float, beta: float, gamma: float,
     """:data:`DEFAULTS` as the alpha-beta-gamma model (:func:`colltutor.cost.best`)
     would set them on ``p`` ranks: the best algorithm at every power of two up to
     ``largest``, runs of the same winner merged into one row."""
-    from colltutor import cost
-
     table: Table = {}
     for collective in DEFAULTS:
         rows: list[tuple[int | None, str]] = []

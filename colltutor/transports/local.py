@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from colltutor.p2p import Comm
 from colltutor.transports import Handle, Message, backends
 
 _CPU = torch.device("cpu")
@@ -90,8 +91,6 @@ class LocalTransport:
 def run(fn: Callable[..., Any], size: int, *args: Any) -> list[Any]:
     """``fn(comm, *args)`` on ``size`` threads, each with a ``Comm`` over one
     :class:`World`; the results in rank order (the first exception is raised)."""
-    from colltutor.p2p import Comm
-
     world, results, errors = World(size), [None] * size, []
 
     def rank(r: int) -> None:

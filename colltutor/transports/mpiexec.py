@@ -23,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+import cloudpickle
 import torch.distributed as dist
 
 from colltutor import p2p, status
@@ -148,8 +149,6 @@ def _show(path: str, rank: int) -> None:
 def rank_main(where: str) -> None:
     """One rank of :func:`run`: join MPI_COMM_WORLD, run the task, leave the result
     (or the traceback) in ``where``; output goes to ``where/out.RANK``."""
-    import cloudpickle
-
     rank = MPI.COMM_WORLD.Get_rank()
     with open(os.path.join(where, f"pid.{rank}"), "w") as f:
         f.write(str(os.getpid()))

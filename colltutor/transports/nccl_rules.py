@@ -42,6 +42,7 @@ Chapter 10 says more.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import queue
 import threading
@@ -51,6 +52,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
 
 from colltutor import contract
@@ -311,9 +314,6 @@ def _backward(tensors, gradient=None, retain_graph=None, create_graph=False,
               inputs=None, grad_tensors=None) -> None:
     """``torch.autograd.backward`` past its ``__torch_function__`` check (torch 2.13's
     own steps: the default gradients, then the engine)."""
-    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
-    from torch.autograd.graph import _engine_run_backward
-
     tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
     grads = gradient if gradient is not None else grad_tensors
     grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grads, len(tensors)),
@@ -421,7 +421,6 @@ def install() -> None:
     global _native
     if _native is not None:
         return
-    import inspect
 
     _native = {name: getattr(dist, name) for name in (
         *_WRITTEN, "barrier", "isend", "irecv", "send", "recv", "batch_isend_irecv")}

@@ -27,6 +27,7 @@ import functools
 import importlib.util
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from colltutor import ops
+from colltutor import ops, p2p
 from colltutor.clusters import DOWN, UP, Link
 from colltutor.transports import Handle, Message, backends
 
@@ -428,8 +429,6 @@ def _machine(sg: Any, zone: Any, machine: Any, speed: float) -> list[Any]:
 
 def _full(sg: Any, engine: Any, topology: Any, speed: float,
           latencies: bool = True) -> list[Any]:
-    import tempfile
-
     p, links = topology.ranks, topology.links()
     ctn = {(link.name, w): f'<link_ctn id="{link.name}" direction="{d}"/>'
            for link in links for w, d in ((UP, "UP"), (DOWN, "DOWN"))}
@@ -496,7 +495,6 @@ def run(topology: Any, program: Callable[..., Any], device: torch.device,
     ``semantics``: when a send is done for its sender (:class:`World`).
     """
     late = late or {}
-    from colltutor import p2p
 
     sg = load()
     engine = sg.Engine(["colltutor", *CONFIG])
