@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import api, guards
+from colltutor import agreement, api
 
 ROUNDS = 15
 CALLS = 20
@@ -62,14 +62,14 @@ def _measure() -> dict[str, float]:
         if name == "send_recv" and size < 2:
             continue
         for flag in (True, False):  # warm up both paths
-            guards.set_checks(flag)
+            agreement.set_checks(flag)
             _block(call)
         for _ in range(ROUNDS):
             for flag in (True, False):
-                guards.set_checks(flag)
+                agreement.set_checks(flag)
                 times.setdefault(f"{name} {'on' if flag else 'off'}", []).append(
                     _block(call))
-    guards.set_checks(True)
+    agreement.set_checks(True)
     return {key: statistics.median(values) for key, values in times.items()}
 
 

@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import bench, guards, tuning
+from colltutor import agreement, bench, tuning
 from colltutor.p2p import SEGMENT_BYTES
 
 
 def _measure(plan: list[tuple[str, int]], rounds: int, settle: bool
              ) -> list[dict[str, object]]:
-    guards.set_checks(False)
+    agreement.set_checks(False)
     rows = []
     for collective, nbytes in plan:
         case = bench.Case(collective, nbytes, torch.float32, dist.ReduceOp.SUM)

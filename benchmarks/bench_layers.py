@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import bench, guards, ops
-from colltutor.api import COLLECTIVE_TAG
+from colltutor import agreement, bench, ops
 from colltutor.collectives.all_reduce import recursive_doubling
+from colltutor.engine import COLLECTIVE_TAG
 from colltutor.p2p import Comm, reusing_scratch
 
 
 def _rank(nbytes: int, rounds: int) -> dict[str, tuple[float, float]]:
-    guards.set_checks(False)
+    agreement.set_checks(False)
     peer, group, op = 1 - dist.get_rank(), dist.group.WORLD, dist.ReduceOp.SUM
     x = torch.ones(max(1, nbytes // 4))
     slot = torch.empty_like(x)

@@ -62,7 +62,7 @@ def per_message(rounds: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from colltutor import guards
+    from colltutor import agreement
     from colltutor.p2p import Comm
 
     a, b = torch.zeros(1), torch.zeros(1)
@@ -74,7 +74,7 @@ def per_message(rounds: int) -> dict[str, float]:
 
     def checked(on: bool, algorithm: str = "ring"):
         def call() -> None:
-            guards.set_checks(on)
+            agreement.set_checks(on)
             colltutor.all_reduce(a, algorithm=algorithm)
         return call
 
@@ -95,7 +95,7 @@ def per_message(rounds: int) -> dict[str, float]:
     for _ in range(rounds):
         for side, call in sides.items():
             times[side].append(bench.time_calls(call, 200, 50) * 1e6)
-    guards.set_checks(True)
+    agreement.set_checks(True)
     return {side: statistics.median(t) for side, t in times.items()}
 
 
@@ -105,9 +105,9 @@ def algorithms_vs_mpich(sizes: list[int], rounds: int) -> list[dict[str, float]]
     import torch
     import torch.distributed as dist
 
-    from colltutor import guards
+    from colltutor import agreement
 
-    guards.set_checks(False)
+    agreement.set_checks(False)
     rows = []
     for nbytes in sizes:
         buf = torch.ones(nbytes // 4)

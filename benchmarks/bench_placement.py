@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import bench, guards, p2p
+from colltutor import agreement, bench, p2p
 
 
 def _placement(on: bool) -> None:
@@ -38,7 +38,7 @@ def _placement(on: bool) -> None:
 
 
 def _rank(collective: str, sizes: list[int], rounds: int) -> dict[int, dict]:
-    guards.set_checks(False)
+    agreement.set_checks(False)
     out = {}
     for nbytes in sizes:
         case = bench.Case(collective, nbytes, torch.float32, dist.ReduceOp.SUM)

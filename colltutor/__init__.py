@@ -6,9 +6,8 @@ The public functions have the names, parameters and in-place semantics of
 
 from colltutor import backend as _backend
 from colltutor import clusters, cost, nccl_tuning, simulation, tracing
+from colltutor.agreement import MismatchError, PeerArgumentError, set_checks
 from colltutor.api import (
-    Work,
-    algorithms,
     all_gather,
     all_gather_coalesced,
     all_gather_into_tensor,
@@ -29,12 +28,10 @@ from colltutor.api import (
     reduce_scatter_tensor,
     scatter,
     send,
-    synchronize,
-    use,
 )
 from colltutor.clusters import nccl_model, topologies
+from colltutor.engine import Work, algorithms, synchronize, use
 from colltutor.grader import check
-from colltutor.guards import MismatchError, PeerArgumentError, set_checks
 from colltutor.ops import ReduceOp
 from colltutor.p2p import PeerLostError
 from colltutor.runtime import (

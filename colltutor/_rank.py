@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor  # noqa: F401  (preloaded with torch in the fork server)
-from colltutor import _ipc, api, p2p, status
+from colltutor import _ipc, engine, p2p, status
 from colltutor.transports import backends
 
 EXIT_KEY = "colltutor/exit"
@@ -112,7 +112,7 @@ def child(task: dict, payload: bytes, rank: int, output: int, caller: int,
         store = _join_group(task, rank, CallerStore(channel))
         with p2p.observe(status.StepWatcher()):
             result = fn(*args, **kwargs)
-            api.synchronize()  # a rank is done once its queued GPU work is
+            engine.synchronize()  # a rank is done once its queued GPU work is
         message = ("ok", cloudpickle.dumps(result))
     except BaseException as exc:
         message = ("error", *_describe(exc))

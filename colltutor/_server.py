@@ -23,11 +23,17 @@ from __future__ import annotations
 
 import errno
 import gc
+import importlib
 import os
 import selectors
 import signal
 import socket
+import traceback
 
+import torch
+
+import colltutor  # noqa: F401  (the whole point: imported once, here, for every rank)
+from colltutor import _rank
 from colltutor._ipc import (
     die_with_parent,
     receive_exactly,
@@ -109,8 +115,6 @@ class Server:
             for fd in fds:
                 if fd not in (output, caller):
                     os.close(fd)
-            from colltutor import _rank
-
             _rank.child(task, payload, rank, output, caller, server)
         finally:
             os._exit(70)
@@ -148,8 +152,6 @@ PRELOAD = ("colltutor.api", "colltutor.demo")
 
 
 def _preload() -> None:
-    import importlib
-
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -178,19 +180,12 @@ def _main(argv: list[str]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     set_name("colltutor-srv")
     try:
-        import torch  # noqa: F401  (the whole point: imported once, here)
-
-        import colltutor  # noqa: F401
-        from colltutor import _rank  # noqa: F401
-
         _preload()
 
         if torch.cuda.is_initialized():
             raise RuntimeError("importing colltutor initialised CUDA: ranks forked "
                                "from this process could not use it")
     except BaseException:
-        import traceback
-
         send_message(control, ("failed", traceback.format_exc()))
         return
     # Ranks share the server's memory until they write to it; keep their garbage

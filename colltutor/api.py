@@ -8,346 +8,31 @@ any PyTorch example and it runs on colltutor's algorithms.
 
 This module only adapts arguments: it checks them, turns the caller's tensors into
 the flat in-place buffers the algorithms work on, and copies results back where
-torch's signature asks for it (lists of tensors).  The algorithms live one module
-per collective; the point-to-point layer in :mod:`colltutor.p2p`.
+torch's signature asks for it (lists of tensors).  Below it, in the order a call
+goes: :mod:`colltutor.agreement` (the ranks agree on the call),
+:mod:`colltutor.engine` (which algorithm runs, and where: now, on the group's
+worker, on which CUDA stream), the algorithms (one module per collective) and the
+point-to-point layer (:mod:`colltutor.p2p`); ``send`` and ``recv`` go through
+:mod:`colltutor.user_p2p`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import contextvars
-import functools
-import itertools
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from colltutor import collectives, contract, guards, ops, registry, tuning  # noqa: F401
-from colltutor.p2p import Comm, Pending, blocks, membership, reusing_scratch
-from colltutor.transports import backends, nccl_rules
+from colltutor import agreement, engine, ops, user_p2p
+from colltutor.p2p import Comm, Pending, blocks, membership
 
 ReduceOp = dist.ReduceOp
 ProcessGroup = dist.ProcessGroup
 
 
-def algorithms(collective: str) -> list[str]:
-    """The algorithm names available for ``collective``, e.g. ``"all_reduce"``."""
-    return list(registry.find(collective))
-
-
-_guarded = guards.collective(algorithms, lambda group: in_order(group))
-"""Every public collective runs under the agreement guards, which check the call's
-arguments against every other rank's before any message moves."""
-
-
-_chosen: dict[str, str | Callable] = {}
-"""What :func:`use` chose: collective -> algorithm name or a learner's function."""
-
-
-class use:  # noqa: N801 (a function to its callers; a class to be a context too)
-    """Make every later ``collective`` call run the algorithm given for it, by name
-    or as a function with the algorithm's signature (a learner's own), for example
-    ``colltutor.use(all_reduce="ring")``: the functions here, and every group of the
-    ``"colltutor"`` backend (DDP's all-reduces too).  ``algorithm=`` in a call still
-    wins; ``None`` gives a collective back to :mod:`colltutor.tuning`.  Used as
-    ``with colltutor.use(...):``, the earlier choices come back at the end.  Every
-    rank must choose alike."""
-
-    def __init__(self, **choices: str | Callable | None) -> None:
-        for collective, choice in choices.items():
-            table = registry.find(collective)  # raises on an unknown collective
-            if isinstance(choice, str) and choice not in table:
-                raise ValueError(f"{collective} has no algorithm {choice!r}; choose "
-                                 f"from {', '.join(table)}")
-        self.before = dict(_chosen)
-        for spelling, choice in choices.items():
-            collective = contract.collective(spelling)  # one choice for every spelling
-            if choice is None:
-                _chosen.pop(collective, None)
-            else:
-                _chosen[collective] = choice
-
-    def __enter__(self) -> use:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _chosen.clear()
-        _chosen.update(self.before)
-
-
-def _choose(collective: str, algorithm: str | None, nbytes: int | None, size: int,
-            backend: str = "gloo") -> tuple[str, Callable]:
-    """The algorithm a call runs, and its name: ``algorithm=``, else the one
-    :func:`use` chose, else :mod:`colltutor.tuning`'s default for the size on
-    this backend."""
-    kind = contract.collective(collective)  # all_gather_into_tensor -> all_gather
-    table = registry.find(kind)
-    name = algorithm or _chosen.get(kind) or tuning.choose(kind, nbytes, size,
-                                                           backend)
-    if callable(name):
-        return getattr(name, "__name__", "custom"), name
-    if name not in table:
-        raise ValueError(
-            f"{collective} has no algorithm {name!r}; choose from {', '.join(table)}"
-        )
-    return name, table[name].fn
-
-
-class Work:
-    """What ``async_op=True`` returns: ``wait()`` and ``is_completed()``.  As with
-    NCCL, ``wait()`` makes this thread's stream wait for the collective's last
-    messages (on a GPU it does not block for them)."""
-
-    def __init__(self, future: concurrent.futures.Future, blocking: bool = False
-                 ) -> None:
-        self._future = future
-        self.blocking = blocking  # a barrier's: wait() also blocks the host
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Order the caller's stream after the collective (and raise its error);
-        with a ``timeout`` (seconds or a timedelta), raise
-        :class:`torch.distributed.DistBackendError` once it passes."""
-        seconds = getattr(timeout, "total_seconds", lambda: timeout)() or None
-        try:
-            done = self._future.result(seconds)
-        except concurrent.futures.TimeoutError:
-            raise dist.DistBackendError(
-                f"colltutor: the collective did not complete within {timeout}"
-            ) from None
-        if done is not None:
-            done.wait()
-        if self.blocking:
-            synchronize()
-        return True
-
-    def is_completed(self) -> bool:
-        """True once the collective has run, on the GPU too."""
-        if not self._future.done():
-            return False
-        done = None if self._future.exception() else self._future.result()
-        return done is None or done.query()
-
-    def exception(self) -> BaseException | None:
-        return self._future.exception() if self._future.done() else None
-
-
-# One worker thread per process group runs its async collectives in program order,
-# which is the order every rank issues them in, so ranks always agree on what the next
-# collective is.  This is the only state colltutor keeps between calls, held no
-# longer than the group.
-_workers: weakref.WeakKeyDictionary[ProcessGroup,
-                                    concurrent.futures.ThreadPoolExecutor] = (
-    weakref.WeakKeyDictionary())
-
-
-def _worker(group: ProcessGroup) -> concurrent.futures.ThreadPoolExecutor:
-    worker = _workers.get(group)
-    if worker is None:
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        worker = _workers[group] = concurrent.futures.ThreadPoolExecutor(
-            1, "colltutor-async", initializer=_set_device, initargs=(device,)
-        )
-    return worker
-
-
-def _set_device(device: int | None) -> None:
-    if device is not None:
-        torch.cuda.set_device(device)
-    nccl_rules.enter_thread()  # emulated NCCL: this thread follows stream order
-
-
-def _launch(collective: str, group: ProcessGroup | None, async_op: bool,
-            body: Callable[[Comm, Callable], Any], *, algorithm: str | None,
-            nbytes: int | None, inputs: Sequence[torch.Tensor] = (),
-            on: torch.Tensor | None = None):
-    """Pick the algorithm and run ``body(comm, algorithm)``: now, or on the group's
-    worker thread when ``async_op``.
-
-    A synchronous call first waits for the group's earlier asynchronous ones, so that
-    collectives on a group always run in the order the program issued them.  Under
-    the profiler the call is one record, ``colltutor:<collective>``, that starts here
-    and ends on the thread that finishes the collective (:func:`_record`).  CUDA
-    tensors (``inputs``, or ``on`` where a rank has none) are used on their device,
-    after the work this thread's stream has queued on them, as NCCL does.
-    """
-    group = group if group is not None else dist.group.WORLD
-    comm = Comm(group, tag=COLLECTIVE_TAG)
-    if comm.rank < 0:  # not a member of the group: nothing to do, as in torch
-        return None
-    settle = guards.prepare(comm)  # this rank's own checks, now
-    failed = settle is not None and settle.failed  # raised after the agreement
-    name, fn = ("", None) if failed else _choose(collective, algorithm, nbytes,
-                                                 comm.size, comm.backend)
-    shown = _shown.get()
-    if shown is not None:
-        collective, inputs = shown
-    record = None if failed else _record(collective, name, inputs)
-    after = _after_stream([*inputs, *([on] if on is not None else [])])
-
-    def job(elsewhere: bool) -> _Done | None:
-        with after():
-            try:
-                if settle is not None:
-                    settle()  # the ranks agree before any of the algorithm's messages
-                with reusing_scratch():
-                    body(comm, fn)
-            finally:
-                if record is not None:
-                    record.__exit__(None, None, None)
-            return _Done() if elsewhere else None
-
-    if record is not None:
-        guards.flush(group)
-        done = _profiled(group, job)
-        if async_op:
-            return Work(done, blocking=collective == "barrier")
-        done.result().wait()
-        return None
-    if async_op and not failed:
-        guards.flush(group)  # point-to-point messages posted before this go first
-        return Work(_worker(group).submit(job, True), blocking=collective == "barrier")
-    in_order(group)
-    job(False)  # a rank whose arguments are wrong raises here, after the agreement
-    return None
-
-
-def _after_stream(tensors: Sequence[torch.Tensor]
-                  ) -> Callable[[], contextlib.AbstractContextManager]:
-    """Where a collective on CUDA ``tensors`` runs, from any thread: on their device,
-    its stream first waiting for what the calling thread's stream has queued so far
-    (the inputs' last writes); for CPU tensors, anywhere."""
-    cuda = next((t.device for t in tensors if t.is_cuda), None)
-    if cuda is None:
-        return contextlib.nullcontext
-    ready = torch.cuda.Event()
-    ready.record(torch.cuda.current_stream(cuda))
-
-    @contextlib.contextmanager
-    def after() -> Iterator[None]:
-        with torch.cuda.device(cuda):
-            torch.cuda.current_stream().wait_event(ready)
-            yield
-
-    return after
-
-
-def _profiled(group: ProcessGroup, job: Callable[[bool], _Done]
-              ) -> concurrent.futures.Future:
-    """Run a profiled call's ``job`` in the group's order, on a thread of torch's
-    inter-op pool, and return its future.
-
-    The profiler keeps its state per thread; a thread that torch starts work on
-    (``torch.jit.fork``) carries the caller's, as gloo's threads do, so the call's
-    record ends on that thread when the collective ends (an asynchronous record, as
-    gloo's are) and the work it does inside is recorded too.  Meanwhile a gate holds
-    the group's worker, so that collectives still run one at a time, in order.
-    """
-    turn, done = threading.Event(), concurrent.futures.Future()
-    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-    _worker(group).submit(lambda: (turn.set(), concurrent.futures.wait([done])))
-
-    def run() -> None:
-        turn.wait()  # the group's earlier collectives have run
-        _set_device(device)
-        try:
-            done.set_result(job(True))
-        except BaseException as error:  # handed to the caller's wait()
-            done.set_exception(error)
-
-    key = next(_keys)
-    _forked[key] = run
-    _fork()(key)
-    return done
-
-
-_forked: dict[int, Callable[[], None]] = {}
-_keys = itertools.count()
-
-
-def _run_forked(key: int) -> int:
-    _forked.pop(key)()
-    return 0
-
-
-# TorchScript reads annotations as types, not as this module's postponed strings
-_run_forked.__annotations__ = {"key": int, "return": int}
-_run_forked = torch.jit.ignore(_run_forked)
-
-
-@functools.cache
-def _fork() -> Callable[[int], Any]:
-    """``torch.jit.fork`` of :func:`_run_forked`: scripted, because in plain Python
-    ``fork`` runs the function at once, on the calling thread."""
-
-    def fork(key):
-        # type: (int) -> torch.jit.Future[int]
-        return torch.jit.fork(_run_forked, key)
-
-    return torch.jit.script(fork)
-
-
-def _record(collective: str, algorithm: str, inputs: Sequence[torch.Tensor]):
-    """The profiler's record of one call, already started, or None when no profiler
-    runs (one C++ call, so that an unprofiled collective pays nothing else).  It
-    holds the input shapes (a complex tensor as the real pairs that travel, as gloo
-    records it) and the algorithm's name as its ``algorithm`` keyword input."""
-    if not torch._C._autograd._profiler_enabled():
-        return None
-    shapes = [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
-    record = torch._C._profiler._RecordFunctionFast(
-        f"colltutor:{collective}", shapes, {"algorithm": algorithm})
-    record.__enter__()
-    return record
-
-
-class _Done:
-    """Where an asynchronous collective ended on its worker's stream, for the
-    caller's stream to wait on (a CUDA event; the NCCL emulation's groups)."""
-
-    def __init__(self) -> None:
-        self.event = None
-        if torch.cuda.is_initialized():
-            self.device = torch.cuda.current_device()  # the collective's GPU
-            self.event = torch.cuda.Event()
-            self.event.record()
-        self.groups = nccl_rules.hand_over()
-
-    def wait(self) -> None:
-        if self.event is not None:  # the caller's stream on that GPU waits
-            torch.cuda.current_stream(self.device).wait_event(self.event)
-        nccl_rules.adopt(self.groups)
-
-    def query(self) -> bool:
-        """Whether the GPU (or the emulation's stream) has run it all."""
-        gpu = self.event is None or self.event.query()
-        return gpu and all(group.done.is_set() for group in self.groups)
-
-
-def in_order(group: ProcessGroup | None) -> None:
-    """Wait for the group's asynchronous collectives, so that what this thread sends
-    next follows them: one thread at a time issues a group's messages, in the order
-    the program asked (NCCL pairs messages by the order they were posted)."""
-    group = group if group is not None else dist.group.WORLD
-    _after_async(group)
-    guards.flush(group)  # point-to-point messages posted before this go first
-
-
-def _after_async(group: ProcessGroup | None) -> None:
-    """Wait until the group's worker has issued every asynchronous collective."""
-    worker = _workers.get(group if group is not None else dist.group.WORLD)
-    if worker is not None:
-        worker.submit(lambda: None).result()
-
-
-COLLECTIVE_TAG = backends.COLLECTIVE
-"""The tag of every collective's messages, so that they never match a user's pending
-point-to-point messages of the same pair (gloo matches by peer and tag); its place
-in the tag plan is :data:`colltutor.transports.backends.TAG_PLAN`."""
+_guarded = agreement.collective(engine.algorithms, engine.in_order)
+"""Every public collective is checked by :mod:`colltutor.agreement`: its ranks agree
+on the call's arguments before any message moves."""
 
 
 def _group_rank(group: ProcessGroup | None, rank: int | None, group_rank: int | None,
@@ -415,7 +100,7 @@ def recv(tensor: torch.Tensor, src: int | None = None,
     """Receive into ``tensor`` from ``src`` (any rank when None); return the sender."""
     if src is None and group_src is None:
         comm = Comm(group, tag=tag)
-        return comm.global_ranks[guards.receive_any(comm, _flat(tensor))]
+        return comm.global_ranks[user_p2p.receive_any(comm, _flat(tensor))]
     irecv(tensor, src, group, tag, group_src).wait()
     group = group if group is not None else dist.group.WORLD
     return dist.get_global_rank(group, _group_rank(group, src, group_src, "src"))
@@ -428,8 +113,8 @@ def isend(tensor: torch.Tensor, dst: int | None = None,
     peer = _group_rank(group, dst, group_dst, "dst")
     comm = Comm(group, tag=tag)
     if comm.batched_for(tensor):  # after the group's collectives (NCCL pairs in
-        _after_async(group)       # posting order)
-    return guards.send(comm, peer, _flat(tensor), tensor.shape)
+        engine.after_async(group)       # posting order)
+    return user_p2p.send(comm, peer, _flat(tensor), tensor.shape)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None,
@@ -439,8 +124,8 @@ def irecv(tensor: torch.Tensor, src: int | None = None,
     peer = _group_rank(group, src, group_src, "src")
     comm = Comm(group, tag=tag)
     if comm.batched_for(tensor):  # after the group's collectives (NCCL pairs in
-        _after_async(group)       # posting order)
-    return guards.receive(comm, peer, _flat(tensor))
+        engine.after_async(group)       # posting order)
+    return user_p2p.receive(comm, peer, _flat(tensor))
 
 
 # -- rooted collectives -----------------------------------------------------------
@@ -457,8 +142,8 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     def body(comm: Comm, fn: Callable) -> None:
         fn(comm, buf, root)
 
-    return _launch("broadcast", group, async_op, body, algorithm=algorithm,
-                   nbytes=_nbytes(buf), inputs=[tensor])
+    return engine.launch("broadcast", group, async_op, body, algorithm=algorithm,
+                         nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -474,8 +159,8 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM,
     def body(comm: Comm, fn: Callable) -> None:
         fn(comm, buf, op, root)
 
-    return _launch("reduce", group, async_op, body, algorithm=algorithm,
-                   nbytes=_nbytes(buf), inputs=[tensor])
+    return engine.launch("reduce", group, async_op, body, algorithm=algorithm,
+                         nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -503,8 +188,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
             for out, block in zip(gather_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
 
-    return _launch("gather", group, async_op, body, algorithm=algorithm,
-                   nbytes=size * _nbytes(mine), inputs=[tensor])
+    return engine.launch("gather", group, async_op, body, algorithm=algorithm,
+                         nbytes=size * _nbytes(mine), inputs=[tensor])
 
 
 @_guarded
@@ -533,9 +218,9 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             buf = comm.scratch(size * mine.numel(), mine)
         fn(comm, buf, root, mine)
 
-    return _launch("scatter", group, async_op, body, algorithm=algorithm,
-                   nbytes=size * _nbytes(mine), inputs=scatter_list if is_root else [],
-                   on=tensor)
+    return engine.launch("scatter", group, async_op, body, algorithm=algorithm,
+                         nbytes=size * _nbytes(mine),
+                         inputs=scatter_list if is_root else [], on=tensor)
 
 
 # -- symmetric collectives --------------------------------------------------------
@@ -552,8 +237,8 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group: ProcessGroup | None
     def body(comm: Comm, fn: Callable) -> None:
         fn(comm, buf, op)
 
-    return _launch("all_reduce", group, async_op, body, algorithm=algorithm,
-                   nbytes=_nbytes(buf), inputs=[tensor])
+    return engine.launch("all_reduce", group, async_op, body, algorithm=algorithm,
+                         nbytes=_nbytes(buf), inputs=[tensor])
 
 
 @_guarded
@@ -569,8 +254,9 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
         blocks(out, size)[comm.rank].copy_(mine)
         fn(comm, out)
 
-    return _launch("all_gather_into_tensor", group, async_op, body,
-                   algorithm=algorithm, nbytes=_nbytes(out), inputs=[input_tensor])
+    return engine.launch("all_gather_into_tensor", group, async_op, body,
+                         algorithm=algorithm, nbytes=_nbytes(out),
+                         inputs=[input_tensor])
 
 
 @_guarded
@@ -592,8 +278,8 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
             for out, block in zip(tensor_list, blocks(buf, size)):
                 out.view(-1).copy_(block)
 
-    return _launch("all_gather", group, async_op, body, algorithm=algorithm,
-                   nbytes=size * _nbytes(mine), inputs=[tensor])
+    return engine.launch("all_gather", group, async_op, body, algorithm=algorithm,
+                         nbytes=size * _nbytes(mine), inputs=[tensor])
 
 
 @_guarded
@@ -640,8 +326,8 @@ def _reduce_scatter_into(collective: str, out: torch.Tensor,
             fn(comm, torch.cat(inputs, out=work), op)
         out.copy_(blocks(work, comm.size)[comm.rank])
 
-    return _launch(collective, group, async_op, body, algorithm=algorithm,
-                   nbytes=sum(_nbytes(t) for t in inputs), inputs=shown)
+    return engine.launch(collective, group, async_op, body, algorithm=algorithm,
+                         nbytes=sum(_nbytes(t) for t in inputs), inputs=shown)
 
 
 @_guarded
@@ -691,8 +377,8 @@ def _all_to_all_views(collective: str, outputs, inputs, group, async_op: bool,
     def body(comm: Comm, fn: Callable) -> None:
         fn(comm, outputs, inputs, counts)
 
-    return _launch(collective, group, async_op, body, algorithm=algorithm,
-                   nbytes=nbytes, inputs=shown)
+    return engine.launch(collective, group, async_op, body, algorithm=algorithm,
+                         nbytes=nbytes, inputs=shown)
 
 
 def _split(tensor: torch.Tensor, sizes: Sequence[int] | None, parts: int, what: str
@@ -724,20 +410,11 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False,
     def body(comm: Comm, fn: Callable) -> None:
         fn(comm)
 
-    work = _launch("barrier", group, async_op, body, algorithm=algorithm, nbytes=0)
+    work = engine.launch("barrier", group, async_op, body, algorithm=algorithm,
+                         nbytes=0)
     if not async_op:
-        synchronize()  # NCCL's barrier blocks the host, not only its stream
+        engine.synchronize()  # NCCL's barrier blocks the host, not only its stream
     return work
-
-
-def synchronize() -> None:
-    """Block until everything this rank has queued is done and visible to the host:
-    ``torch.cuda.synchronize()`` on NCCL (or its emulation's equivalent); nothing
-    on gloo, whose ``wait()`` already blocks.  Call it before stopping a timer."""
-    if nccl_rules.active():
-        nccl_rules.synchronize()
-    elif torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 # -- argument checks --------------------------------------------------------------
@@ -775,12 +452,12 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], op=ReduceOp.SUM,
                          *, algorithm: str | None = None):
     """``all_reduce`` of several tensors in one collective: laid end to end in one
     buffer, as gloo does (torch's profiler sees one ``all_reduce``)."""
-    guards.check_like_torch("all_reduce_coalesced", {"tensors": tensors, "op": op})
+    agreement.check_like_torch("all_reduce_coalesced", {"tensors": tensors, "op": op})
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    with _recorded_as("all_reduce", tensors):
+    with engine.recorded_as("all_reduce", tensors):
         work = all_reduce(flat, op, group, async_op, algorithm=algorithm)
-    return _then(group, work, lambda: [t.copy_(block.view_as(t)) for t, block in
-                                       zip(tensors, _pieces(flat, tensors))])
+    return engine.then(group, work, lambda: [
+        t.copy_(block.view_as(t)) for t, block in zip(tensors, _pieces(flat, tensors))])
 
 
 def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
@@ -789,11 +466,11 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
                          *, algorithm: str | None = None):
     """``all_gather`` of several tensors in one collective: ``output_tensor_lists
     [r][i]`` receives rank ``r``'s ``input_tensor_list[i]``."""
-    guards.check_like_torch("all_gather_coalesced",
-                            {"input_tensor_list": input_tensor_list})
+    agreement.check_like_torch("all_gather_coalesced",
+                               {"input_tensor_list": input_tensor_list})
     flat = torch.cat([t.reshape(-1) for t in input_tensor_list])
     out = flat.new_empty(membership(group).size * flat.numel())
-    with _recorded_as("all_gather", input_tensor_list):
+    with engine.recorded_as("all_gather", input_tensor_list):
         work = all_gather_into_tensor(out, flat, group, async_op, algorithm=algorithm)
 
     def unpack() -> None:
@@ -802,41 +479,11 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
             for t, piece in zip(outputs, _pieces(row, input_tensor_list)):
                 t.copy_(piece.view_as(t))
 
-    return _then(group, work, unpack)
-
-
-_shown: contextvars.ContextVar[tuple[str, Sequence[torch.Tensor]] | None] = (
-    contextvars.ContextVar("colltutor_shown", default=None))
-"""What the profiler's record of the current call shows, when it is not the
-collective that runs (a coalesced call shows its own name and tensors)."""
-
-
-@contextlib.contextmanager
-def _recorded_as(collective: str, inputs: Sequence[torch.Tensor]) -> Iterator[None]:
-    token = _shown.set((collective, inputs))
-    try:
-        yield
-    finally:
-        _shown.reset(token)
+    return engine.then(group, work, unpack)
 
 
 def _pieces(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return list(flat.split_with_sizes([t.numel() for t in like]))
-
-
-def _then(group: ProcessGroup | None, work: Work | None, finish: Callable[[], Any]
-          ) -> Work | None:
-    """Run ``finish`` once ``work`` is done: now, or after it on the group's worker."""
-    if work is None:
-        finish()
-        return None
-
-    def job() -> _Done:
-        work.wait()
-        finish()
-        return _Done()  # where the copies end, for the caller's stream
-
-    return Work(_worker(group if group is not None else dist.group.WORLD).submit(job))
 
 
 # torch 2.13 renamed the two ``_tensor`` collectives; both spellings work, as in torch.

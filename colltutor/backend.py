@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from colltutor import api
+from colltutor import api, engine
 from colltutor.transports import nccl_rules
 from colltutor.transports.backends import init_options, nccl_usable  # noqa: F401
 from colltutor.transports.torch_dist import backend_for
@@ -250,7 +250,7 @@ class Work(dist.Work):
                     f"colltutor: the collective did not complete within {timeout}")
         self.future.wait()  # raises what the collective raised
         if self.blocking:
-            api.synchronize()
+            engine.synchronize()
         return True
 
     def is_completed(self) -> bool:

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+
+import colltutor
 
 ROWS = ("send/recv", "broadcast", "reduce", "all_reduce", "all_gather", "gather",
         "scatter", "reduce_scatter", "all_to_all", "barrier",
@@ -40,8 +43,6 @@ int32, int64, float32, float64; ops MIN, MAX, SUM, PRODUCT."""
 def _calls(lib) -> dict[str, Callable[[int, int], bool]]:
     """Row -> a check run on every rank: make the call with ``lib`` (colltutor or
     torch.distributed), return whether this rank's result is right."""
-    import torch.distributed as dist
-
     R = dist.ReduceOp
 
     def reducing(dtype, op, want):
@@ -117,8 +118,6 @@ def _calls(lib) -> dict[str, Callable[[int, int], bool]]:
 
 
 def _outcome(check: Callable[[int, int], bool]) -> str:
-    import torch.distributed as dist
-
     try:
         ok = check(dist.get_rank(), dist.get_world_size())
     except Exception as error:  # noqa: BLE001 (the cell says what was raised)
@@ -132,10 +131,6 @@ def probe(which: tuple[str, ...] = ("native",)) -> dict[str, dict[str, str]]:
     ``torch.distributed`` (the backend's own collectives), ``"colltutor"``
     colltutor's.  A failed call leaves the ranks in step: every rank raises or
     none, and a barrier of the backend's own ends each row."""
-    import torch.distributed as dist
-
-    import colltutor
-
     colltutor.set_checks(False)
     cells: dict[str, dict[str, str]] = {}
     for side in which:
@@ -162,8 +157,6 @@ def agreed(per_rank: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str
 def table(world_size: int = 3) -> str:
     """Run every row on gloo and on MPI here; return the table with NCCL's and
     PyTorch-MPI's documented columns beside the measured ones."""
-    import colltutor
-
     gloo = agreed(colltutor.run(probe, world_size, backend="gloo"))["native"]
     try:
         mpi = agreed(colltutor.run(probe, world_size, ("native", "colltutor"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import json
 import sys
 import time
@@ -34,8 +35,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from colltutor import contract, registry
-from colltutor.api import synchronize
+import colltutor
+from colltutor import agreement, contract, cost, registry, tuning
+from colltutor.engine import synchronize
+from colltutor.p2p import SEGMENT_BYTES, release_scratch
 from colltutor.runtime import device
 from colltutor.transports import backends
 
@@ -111,8 +114,6 @@ class Case:
         self.b.zero_()
 
     def call(self, algorithm: str) -> None:
-        import colltutor
-
         native = algorithm == "native"
         lib: Any = dist if native else colltutor
         kw = {} if native else {"algorithm": None if algorithm == "default" else
@@ -211,8 +212,6 @@ def _track_memory() -> bool:
     """Make peak RSS mean peak live memory: every allocation above 64 KiB gets its
     own mmap (returned on free), and the kernel's peak counter can be reset."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
         open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM
         return True
@@ -222,9 +221,7 @@ def _track_memory() -> bool:
 
 def peak_extra(call: Callable[[], None]) -> int:
     """Bytes above the resident set that one call needed at its peak, worst rank."""
-    from colltutor import p2p
-
-    p2p.release_scratch()  # what the call needs, not what earlier calls left to reuse
+    release_scratch()  # what the call needs, not what earlier calls left to reuse
     if not _track_memory():
         return -1
     before = _status("VmRSS")
@@ -302,15 +299,13 @@ def exchange_bandwidth(nbytes: int, iters: int = 5, piece: int | None = None
 def _rank_size(collective: str, nbytes: int, algorithms: Sequence[str],
                options: dict[str, Any]) -> list[dict[str, Any]]:
     """Every algorithm at one size on this rank: time, #wrong, peak memory."""
-    from colltutor import guards
-
     if options["memory"]:
         _track_memory()  # before anything is allocated, so that nothing is reused
     dtype, op = getattr(torch, options["dtype"]), _op(options["op"])
     case = Case(collective, nbytes, dtype, op)
     rows = []
     for name in algorithms:
-        guards.set_checks(False)
+        agreement.set_checks(False)
         seconds = time_calls(lambda n=name: case.call(n), options["iters"],
                              options["warmup"])
         memory = peak_extra(lambda n=name: case.call(n)) if options["memory"] else -1
@@ -323,8 +318,6 @@ def ran(collective: str, algorithm: str, nbytes: int, p: int) -> str:
     """The algorithm that ran: for ``default``, the tuning table's pick for this
     message on ``p`` ranks of this rank's backend (the public API picks the
     same), else ``algorithm``."""
-    from colltutor import tuning
-
     if algorithm != "default":
         return algorithm
     backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
@@ -346,25 +339,21 @@ def _op(name: str) -> Any:
 
 
 def _rank_p2p(nbytes: int) -> tuple[float, float]:
-    from colltutor.p2p import SEGMENT_BYTES
-
     return p2p_bandwidth(nbytes), exchange_bandwidth(nbytes, piece=SEGMENT_BYTES)
 
 
 def _rank_checks(collective: str, nbytes: int, options: dict[str, Any]
                  ) -> dict[str, Any]:
     """The default algorithm with checks on and off, alternating; which it was."""
-    from colltutor import guards
-
     case = Case(collective, nbytes, getattr(torch, options["dtype"]),
                 _op(options["op"]))
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(5):
         for flag in (False, True):
-            guards.set_checks(flag)
+            agreement.set_checks(flag)
             times[flag].append(time_calls(lambda: case.call("default"),
                                           options["iters"], 2))
-    guards.set_checks(False)
+    agreement.set_checks(False)
     medians = {("on" if k else "off"): sorted(v)[len(v) // 2]
                for k, v in times.items()}
     return {**medians, "ran": ran(collective, "default", case.nbytes, case.p)}
@@ -416,8 +405,6 @@ def sweep(collective: str, algorithms: Sequence[str], world_size: int,
           nbytes: Sequence[int], options: dict[str, Any], backend: str = "gloo",
           progress: Progress | None = None) -> list[dict[str, Any]]:
     """Rows for every size and algorithm; one ``colltutor.run`` per size."""
-    import colltutor
-
     rows = []
     for n in nbytes:
         rows += colltutor.run(_rank_size, world_size, collective, n, list(algorithms),
@@ -429,8 +416,6 @@ def sweep(collective: str, algorithms: Sequence[str], world_size: int,
 
 def resolve(collective: str, algorithm: str) -> list[str]:
     """``all`` -> every algorithm and native; ``default``, ``native`` or a name."""
-    import colltutor
-
     names = colltutor.algorithms(collective)
     if algorithm == "all":
         return [*names, "native"]
@@ -498,11 +483,9 @@ def fit(args: argparse.Namespace) -> int:
     """``--fit``: alpha, beta, gamma from a ping-pong and a local add; the switch
     points they imply; with ``--plot``, predicted against measured time for every
     algorithm of the collective, and where the two disagree by more than 2x."""
-    from colltutor import cost, draw, tuning
+    from colltutor import draw  # needs matplotlib
 
     p = args.world_size
-    import colltutor
-
     params = cost.fit(*colltutor.run(_rank_fit, 2, backend=args.backend,
                                      timeout=None)[0])
     print(f"# fitted on this machine: alpha = {params['alpha'] * 1e6:.1f} us, "
@@ -624,8 +607,6 @@ def main(argv: list[str] | None = None) -> int:
     options = {"iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
                "op": args.op, "check": not args.no_check,
                "memory": not args.no_memory}
-    import colltutor
-    from colltutor.p2p import SEGMENT_BYTES
 
     p2p = both_ways = float("nan")
     if args.world_size >= 2:

@@ -42,6 +42,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from colltutor.grader import SIGNATURES
 from colltutor.solutions import EXERCISES, Exercise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,8 +204,6 @@ def exercise_notebook(chapter: str) -> dict:
     """The exercise notebook of one chapter, without outputs."""
     number, title = TITLES[chapter]
     mine = [ex for ex in EXERCISES if ex.chapter == chapter]
-    from colltutor.grader import SIGNATURES
-
     cells = [
         _md(f"# Exercises: {title}\n\n"
             f"Implement the algorithms of Chapter {number} from point-to-point "

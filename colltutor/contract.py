@@ -2,7 +2,7 @@
 arguments, a rank's buffers, how an algorithm is called and, in plain torch, what it
 must leave behind.
 
-The API, the guards, the NCCL emulation, the trace, the grader, the simulator, the
+The API, the agreement, the NCCL emulation, the trace, the grader, the simulator, the
 demo and the tests read these descriptions instead of writing a collective's cases
 again, and every public spelling (``all_gather_into_tensor``, ``_single``,
 ``_coalesced``) is turned into its collective by one function, :func:`collective`.
@@ -131,7 +131,7 @@ class Spelling:
     name: str
     collective: str
     main: str | None = "tensor"
-    """The tensor whose dtype and size describe the call (the guards' fingerprint)."""
+    """The tensor whose dtype and size describe the call (the call's fingerprint)."""
     tensors: tuple[str, ...] = ("tensor",)
     """Arguments that must be one tensor (torch's ``_check_single_tensor``)."""
     lists: tuple[str, ...] = ()

@@ -35,10 +35,15 @@ Chapter 9 ("Choosing an algorithm") is built on this module.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import torch
+
 from colltutor import collectives, contract, registry  # noqa: F401  (declares the algorithms)
+from colltutor.p2p import Comm
+from colltutor.runtime import run
 
 
 @dataclass(frozen=True)
@@ -135,12 +140,6 @@ def fit(pingpong: Sequence[tuple[float, float]],
 
 
 def _measure_rank(sizes: Sequence[int], repeat: int) -> dict[str, list]:
-    import time
-
-    import torch
-
-    from colltutor.p2p import Comm
-
     comm = Comm()
     pingpong, reduction = [], []
     for nbytes in sizes:
@@ -171,8 +170,6 @@ def measure(sizes: Sequence[int] = tuple(4 << (2 * k) for k in range(10)),
             repeat: int = 20) -> dict[str, float]:
     """Time a two-rank ping-pong and a local in-place add on this machine and
     :func:`fit` the model to them (a few seconds).  Benchmarks, not tests."""
-    from colltutor.runtime import run
-
     result = run(_measure_rank, 2, list(sizes), repeat, backend="gloo")[0]
     return fit(result["pingpong"], result["reduction"])
 

@@ -21,7 +21,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from colltutor import contract
+import torch
+import torch.distributed as dist
+
+import colltutor
+from colltutor import api, contract, engine, runtime
 from colltutor.contract import COLLECTIVES as _DECLARED
 from colltutor.transports import backends
 
@@ -34,37 +38,23 @@ REDUCING = tuple(c.name for c in _DECLARED.values() if c.reducing)
 def algorithms(collective: str) -> list[str]:
     """The algorithm names colltutor has for ``collective`` ([] if unknown yet)."""
     try:
-        import colltutor
-
-        listing = getattr(colltutor, "algorithms", None)
-        if not callable(listing):
-            from colltutor.api import algorithms as listing
-        return list(listing(collective))
-    except (ImportError, ValueError, KeyError, AttributeError):
+        return engine.algorithms(collective)
+    except (ValueError, KeyError):
         return []
 
 
 def collective_function(name: str) -> tuple[Callable, bool]:
     """colltutor's public ``name`` (and True), or, until colltutor has it,
     torch.distributed's (and False)."""
-    import colltutor
-
     fn = getattr(colltutor, name, None)
     if not callable(fn):  # not exported yet, or the algorithm module of that name
-        try:
-            from colltutor import api
-
-            fn = getattr(api, name)
-        except (ImportError, AttributeError):
-            import torch.distributed as dist
-
+        fn = getattr(api, name, None)
+        if fn is None:
             return getattr(dist, name), False
     return fn, True
 
 
 def _inputs(rank: int, size: int, count: int, collective: str, dtype) -> Any:
-    import torch
-
     length = count * size if collective in (
         "scatter", "reduce_scatter", "all_to_all") else count
     base = 10 ** max(1, len(str(max(length - 1, 0))))
@@ -73,9 +63,6 @@ def _inputs(rank: int, size: int, count: int, collective: str, dtype) -> Any:
 
 def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
     """One rank's part: run the collective, return (input, result, matches)."""
-    import torch
-    import torch.distributed as dist
-
     rank, size = dist.get_rank(), dist.get_world_size()
     device = backends.for_group(str(dist.get_backend()).lower()).device()
     dtype = torch.float32 if args.op == "avg" else torch.int64
@@ -130,8 +117,6 @@ def _run_collective(args: argparse.Namespace) -> tuple[str, str, bool]:
 def _expected(name: str, every: list, rank: int, op: Any, root: int) -> Any:
     """The answer from every rank's input (:mod:`colltutor.contract`), where a
     gather's algorithms see each input as the own block of a whole buffer."""
-    import torch
-
     described, size = _DECLARED[name], len(every)
     if name == "all_to_all":
         want = described.expected(lambda r: list(every[r].chunk(size)), rank, size)
@@ -185,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.algorithm is not None and known and args.algorithm not in known:
         parser().error(f"{args.collective} has no algorithm {args.algorithm!r}; "
                        f"choose from {', '.join(known)}")
-    from colltutor import runtime
-
     size = (int(os.environ["WORLD_SIZE"]) if runtime.under_torchrun() else
             runtime.mpiexec_size() or args.world_size)
     if not 0 <= args.root < size:

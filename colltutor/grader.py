@@ -29,6 +29,7 @@ algorithm's (Chapter 12).  Chapters 3-8 end with exercises that use it.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import re
 import threading
@@ -39,18 +40,26 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
+import colltutor
 from colltutor import (  # noqa: F401
+    agreement,
+    api,
+    bench,
+    clusters,
     collectives,
     contract,
-    guards,
     native,
     ops,
     p2p,
     registry,
     runtime,
+    simulation,
     tracing,
+    tuning,
 )
+from colltutor.transports import simgrid
 
 SIGNATURES = {name: c.contract for name, c in registry.COLLECTIVES.items()}
 """The signature and contract a checked function must have, per collective (the
@@ -170,9 +179,6 @@ def _guarded(comm: p2p.Comm) -> Iterator[None]:
     """While the learner's code runs: refuse built-in collectives
     (:func:`colltutor.native.refused`), and send torch.distributed's
     point-to-point calls through ``comm`` so they are traced."""
-    import colltutor
-    import colltutor.api as api
-
     outer = getattr(_local, "comm", None)
     _local.comm = comm
     try:
@@ -209,8 +215,6 @@ def _route() -> list[native.Swap]:
         recvs = [(o.peer, o.tensor.view(-1)) for o in p2p_ops
                  if o.op.__name__ == "irecv"]
         return [_local.comm.post(sends, recvs)]
-
-    from torch.distributed import distributed_c10d as c10d
 
     # one function per name in both modules: P2POp compares them by identity
     ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
@@ -259,7 +263,7 @@ def _rank_check(fn: Callable, collective: str, chosen: list[Case]) -> list[tuple
     """Run every case on this rank; raise :class:`CheckFailure` at the first wrong
     result.  Returns, per case, this rank's (messages, elements, phases)."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    guards.set_checks(False)  # colltutor.send would add header messages to counts
+    agreement.set_checks(False)  # colltutor.send would add header messages to counts
     data = [_expected(collective, case, rank, p) for case in chosen]
     counted = []
     for case, expect in zip(chosen, data):
@@ -474,10 +478,6 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
                 timeout: float) -> None:
     """Run ``fn`` on a simulated cluster: right there too, and how fast beside
     the reference algorithm.  Adds to ``report`` (and fails it if wrong)."""
-    from colltutor import clusters, tuning
-    from colltutor.simulation import simulate
-    from colltutor.transports import simgrid
-
     collective = report.collective
     if not simgrid.available():
         report.message += f"\n  not simulated on {topology}: {simgrid.INSTALL}"
@@ -488,10 +488,11 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
     guarded = _on_simulated_rank(fn)
     where = f"{topology} ({p} simulated ranks)"
     try:
-        small = simulate(collective, 4 * p * 4, cluster, guarded, real=True,
-                         trace=False, timeout=max(timeout, 600))
-        large = simulate(collective, nbytes, cluster, guarded, real=False,
-                         trace=False, timeout=max(timeout, 600), replay=True)
+        small = simulation.simulate(collective, 4 * p * 4, cluster, guarded,
+                                    real=True, trace=False, timeout=max(timeout, 600))
+        large = simulation.simulate(collective, nbytes, cluster, guarded, real=False,
+                                    trace=False, timeout=max(timeout, 600),
+                                    replay=True)
     except RuntimeError as error:  # SimulationError: raised or deadlocked
         report.ok = False
         report.message = (f"FAILED {_name(fn)} as {collective} on {where}: "
@@ -503,19 +504,17 @@ def _on_cluster(report: Report, fn: Callable, topology: str, nbytes: int,
                           f"ranks' buffers do not hold the {collective} of their "
                           f"inputs ({small.nbytes} bytes, real tensors)")
         return
-    ref = simulate(collective, nbytes, cluster, reference, real=False, trace=False,
-                   timeout=max(timeout, 600), replay=True)
+    ref = simulation.simulate(collective, nbytes, cluster, reference, real=False,
+                              trace=False, timeout=max(timeout, 600), replay=True)
     report.simulated = {"topology": cluster.name, "ranks": p, "bytes": nbytes,
                         "busbw": large.busbw, "seconds": large.seconds,
                         "messages": large.messages, "reference": reference,
                         "reference_busbw": ref.busbw,
                         "reference_seconds": ref.seconds,
                         "reference_messages": ref.messages}
-    from colltutor.bench import human
-
     report.message += (
         f"\n  simulated on {cluster.name}, {p} ranks, {collective} of "
-        f"{human(nbytes)}: {_name(fn)} {large.busbw:.1f} GB/s busbw "
+        f"{bench.human(nbytes)}: {_name(fn)} {large.busbw:.1f} GB/s busbw "
         f"({large.seconds * 1e6:.0f} us, {large.messages} messages); reference "
         f"{reference} {ref.busbw:.1f} GB/s ({ref.seconds * 1e6:.0f} us, "
         f"{ref.messages} messages)")
@@ -533,8 +532,6 @@ def _on_simulated_rank(fn: Callable) -> Callable:
 def _run_one(fn: Callable, collective: str, p: int, chosen: list[Case],
              timeout: float) -> tuple[dict | None, list]:
     """One run on ``p`` ranks: ``(failure or None, each rank's per-case counts)``."""
-    import io
-
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):

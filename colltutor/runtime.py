@@ -26,21 +26,26 @@ No rank process, zombie, port or shared-memory segment outlives a run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
+import platform
 import sys
+import time
+import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from colltutor import _client
+import torch
+import torch.distributed as dist
+
+from colltutor import _client, p2p, status
 from colltutor.status import report_status  # noqa: F401  (re-exported)
+from colltutor.transports import backends
 
 DEFAULT_TIMEOUT = 60.0
 MAX_WORLD_SIZE = _client.MAX_WORLD_SIZE
-
-if TYPE_CHECKING:
-    import torch
 
 
 class RankError(RuntimeError):
@@ -163,10 +168,6 @@ def cores() -> int:
 def _choose_backend(backend: str, world_size: int) -> str:
     if backend != "auto":
         return backend
-    import torch
-
-    from colltutor.transports import backends
-
     # device_count() asks NVML and does not initialise CUDA in this process.
     count = torch.cuda.device_count()
     # NCCL 2.30+ lets ranks share a GPU when asked to (src/init.cc)
@@ -193,11 +194,9 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
     timeout = math.inf if timeout is None else float(timeout)
-    from colltutor.transports import backends
-
     entry = backends.get(backend) if backend != "auto" else None
     if entry is not None and entry.launcher == backends.MPIEXEC:  # needs mpi4py
-        from colltutor.transports import mpiexec
+        from colltutor.transports import mpiexec  # needs mpi4py
 
         ended = mpiexec.run(_client.pickle_task(fn, args, kwargs), world_size, timeout)
         if ended.timed_out:
@@ -242,15 +241,11 @@ def progress(task: str, done: int, total: int, unit: str = "") -> None:
 
 def rank() -> int:
     """This process's rank in the default group (``torch.distributed.get_rank()``)."""
-    import torch.distributed as dist
-
     return dist.get_rank()
 
 
 def world_size() -> int:
     """The number of ranks in the default group."""
-    import torch.distributed as dist
-
     return dist.get_world_size()
 
 
@@ -260,17 +255,10 @@ def device() -> torch.device:
     Notebooks create tensors with ``device=colltutor.device()`` so that the same cell
     runs on a laptop (gloo) and on a multi-GPU machine (NCCL) unchanged.
     """
-    import torch.distributed as dist
-
-    from colltutor.transports import backends
-
     return backends.for_group(str(dist.get_backend()).lower()).device()
 
 
 def _where() -> str:
-    import torch
-    import torch.distributed as dist
-
     here = device()
     gpu = torch.cuda.get_device_name(here) if here.type == "cuda" else "no GPU"
     shown = here if here.type == "cuda" else here.type  # the emulation's cpu:r: cpu
@@ -280,10 +268,6 @@ def _where() -> str:
 def environment(world_size: int = 4) -> str:
     """Versions, machine, and what ``world_size`` ranks run on: every notebook's first
     output, so a reader knows whether it ran on gloo/CPU or NCCL/GPU."""
-    import platform
-
-    import torch
-
     return (f"torch {torch.__version__}, Python {platform.python_version()}, "
             f"{platform.machine()} {platform.system()}\n"
             f"This notebook ran its ranks on: {run(_where, world_size)[0]}")
@@ -330,10 +314,6 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> tuple[int, 
     ``"auto"``) it joins ``MPI_COMM_WORLD`` (:mod:`colltutor.transports.mpi`).
     Anywhere else: a world of one rank.
     """
-    import torch.distributed as dist
-
-    from colltutor.transports import backends
-
     if not dist.is_initialized():
         wait = datetime.timedelta(seconds=timeout)
         if backend == "auto" and under_mpiexec():
@@ -367,8 +347,6 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4,
     outlives ``timeout`` ends as under :func:`run`: rank 0 prints the
     :class:`RankTimeoutError` and every rank stops.
     """
-    import torch.distributed as dist
-
     if not (under_torchrun() or under_mpiexec() or dist.is_initialized()):
         return run(fn, world_size, *args, backend=backend, timeout=timeout,
                    stream=stream, **kwargs)
@@ -393,14 +371,9 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4,
 def _mpi_watchdog(timeout: float):
     """Over MPI, a watchdog that ends the run after ``timeout`` seconds with the
     :class:`RankTimeoutError` printed by rank 0; elsewhere None."""
-    import torch.distributed as dist
-
     if dist.get_backend() != "mpi4py" or not math.isfinite(timeout):
         return None
-    import time
-    import traceback
-
-    from colltutor.transports import mpi
+    from colltutor.transports import mpi  # needs mpi4py
 
     def tell(pending: list[int], statuses: dict, collectives: dict) -> None:
         error = RankTimeoutError(pending, timeout, dist.get_world_size(), statuses,
@@ -413,8 +386,4 @@ def _mpi_watchdog(timeout: float):
 
 def _watched_steps(on: bool):
     """Where the steps posted are remembered for a timeout's report (when ``on``)."""
-    import contextlib
-
-    from colltutor import p2p, status
-
     return p2p.observe(status.StepWatcher()) if on else contextlib.nullcontext()

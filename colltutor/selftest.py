@@ -18,18 +18,21 @@ cases uses random normal floats, compared with a tolerance (see ``_close``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import platform
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import contract, guards, native, ops, runtime
+from colltutor import agreement, contract, native, ops, runtime
 from colltutor.transports import backends, nccl_rules
 
 R = dist.ReduceOp
@@ -479,9 +482,9 @@ def _rank_main(sample: int, device_kind: str) -> dict:
     device = _device(device_kind)
     # The world pass runs without the argument checks (they have their own tests and
     # would double the time); the subgroup pass runs with them, as users do.
-    guards.set_checks(False)
+    agreement.set_checks(False)
     whole = run_matrix(False, sample=sample, device=device)
-    guards.set_checks(True)
+    agreement.set_checks(True)
     if dist.get_world_size() >= 3:
         sub = run_matrix(True, sample=sample * 7, device=device)
         for key in ("cases", "skipped"):
@@ -497,8 +500,6 @@ def _backend_main(device_kind: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m colltutor selftest``: the test matrix against a native backend."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m colltutor selftest",
         description="Compare every colltutor collective and algorithm with the "
@@ -560,8 +561,6 @@ def run_notebooks(folder: Path, timeout: int = 300) -> list[tuple[str, str, floa
     except ImportError:
         print("selftest: nbclient is not installed; skipping the notebooks")
         return []
-    import time
-
     results = []
     for path in sorted(folder.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -605,8 +604,6 @@ def summary(backend: str, world: int, cases: int, failures: list[str],
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
-        return version("colltutor")
+        return metadata.version("colltutor")
     except Exception:  # noqa: BLE001 (not installed: a source checkout)
         return "(source checkout)"

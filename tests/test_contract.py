@@ -16,6 +16,7 @@ from colltutor import (
     contract,
     cost,
     demo,
+    engine,
     nccl_tuning,
     p2p,
     registry,
@@ -61,7 +62,7 @@ def test_every_spelling_names_its_collective_everywhere(spelling):
         assert nccl_tuning.function(spelling) == name
     last = colltutor.algorithms(name)[-1]
     with colltutor.use(**{spelling: last}):
-        assert api._choose(name, None, 1024, 4)[0] == last
+        assert engine._choose(name, None, 1024, 4)[0] == last
     assert tracing._case(4, spelling)[0] == name
     assert demo.parser().parse_args([spelling]).collective == name
 

@@ -80,7 +80,7 @@ def cases(draw, p: int) -> dict:
     dtype = draw(st.sampled_from(DTYPES))
     numel = draw(st.integers(0, 9))
     kind = name.removesuffix("_tensor").removesuffix("_into").removesuffix("_single")
-    names = api.algorithms(kind) if name != "send_recv" else []
+    names = colltutor.algorithms(kind) if name != "send_recv" else []
     mistake = draw(st.one_of(st.none(), st.sampled_from(_mistakes(name, numel))))
     if mistake == "algorithm" and len(names) < 2:
         mistake = None
@@ -133,7 +133,7 @@ class _Call:
             op = "BAND" if dtype.is_floating_point else "AVG"
         self.op = getattr(R, op)
         self.algorithm = case["algorithm"]
-        names = api.algorithms(name.split("_tensor")[0].removesuffix("_into")
+        names = colltutor.algorithms(name.split("_tensor")[0].removesuffix("_into")
                                .removesuffix("_single")) if name != "send_recv" else []
         if self.mistake == "algorithm":
             self.algorithm = next(a for a in names if a != self.algorithm)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from helpers import outcome
 
 import colltutor
-from colltutor import api, backend, guards, selftest
+from colltutor import agreement, backend, engine, selftest
 from colltutor.p2p import Comm
 from colltutor.transports import backends, nccl_rules
 from colltutor.transports.torch_dist import DeviceTransport, TorchTransport
@@ -160,11 +160,11 @@ class _Running:
 def test_is_completed_waits_for_the_gpu_and_wait_honours_its_timeout() -> None:
     finished: concurrent.futures.Future = concurrent.futures.Future()
     finished.set_result(_Running())
-    assert not api.Work(finished).is_completed()
+    assert not engine.Work(finished).is_completed()
     never: concurrent.futures.Future = concurrent.futures.Future()
     started = time.monotonic()
     with pytest.raises(dist.DistBackendError, match="did not complete"):
-        api.Work(never).wait(timeout=timedelta(seconds=0.2))
+        engine.Work(never).wait(timeout=timedelta(seconds=0.2))
     assert time.monotonic() - started < 5
 
 
@@ -217,11 +217,11 @@ def _on_emulated_gpus() -> dict:
     work = colltutor.all_reduce_coalesced([torch.ones(2, device=gpu)], async_op=True)
     out["coalesced end"] = type(work._future.result()).__name__
     synced = []
-    api.synchronize, real = (lambda: synced.append(1)), api.synchronize
+    engine.synchronize, real = (lambda: synced.append(1)), engine.synchronize
     try:
         colltutor.barrier(async_op=True).wait()
     finally:
-        api.synchronize = real
+        engine.synchronize = real
     out["async barrier synchronised"] = bool(synced)
     return out
 
@@ -270,7 +270,7 @@ def test_async_coalesced_calls_and_barriers_order_the_caller(emulated) -> None:
 
 def test_outside_the_emulation_tensors_carry_no_mark() -> None:
     assert nccl_rules.where(torch.ones(1)) is None
-    guards.check_device(torch.ones(1), "gloo")  # a CPU tensor is fine on gloo
+    agreement.check_device(torch.ones(1), "gloo")  # a CPU tensor is fine on gloo
 
 
 def test_two_threads_posting_on_one_communicator_at_once_are_refused() -> None:
@@ -291,7 +291,7 @@ def test_two_threads_posting_on_one_communicator_at_once_are_refused() -> None:
 
 def test_a_colltutor_group_s_barrier_blocks_the_host_as_nccl_s(monkeypatch) -> None:
     synced: list[int] = []
-    monkeypatch.setattr(api, "synchronize", lambda: synced.append(1))
+    monkeypatch.setattr(engine, "synchronize", lambda: synced.append(1))
     done: torch.futures.Future = torch.futures.Future()
     done.set_result([])
     work = backend.Work(done)

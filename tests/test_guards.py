@@ -21,7 +21,7 @@ import torch.distributed as dist
 from helpers import outcome
 
 import colltutor
-from colltutor import api, guards, p2p
+from colltutor import agreement, api, p2p
 
 R = dist.ReduceOp
 P = 4
@@ -215,7 +215,7 @@ def _counted() -> dict:
 
     dist.ProcessGroup.send = send
     for flag in (True, False):
-        guards.set_checks(flag)
+        agreement.set_checks(flag)
         counts["now"] = 0
         if r == 0:
             api.send(torch.ones(3), 1)
@@ -226,9 +226,9 @@ def _counted() -> dict:
         t = torch.ones(5)
         api.all_reduce(t, algorithm="ring")
         counts[f"all_reduce {flag}"] = counts["now"]
-        counts[f"enabled {flag}"] = guards.enabled()
+        counts[f"enabled {flag}"] = agreement.enabled()
     dist.ProcessGroup.send = real
-    guards.set_checks(True)
+    agreement.set_checks(True)
     return counts
 
 
@@ -249,15 +249,15 @@ def test_environment_switch(monkeypatch, value: str | None, expected: bool) -> N
         monkeypatch.delenv("COLLTUTOR_CHECKS", raising=False)
     else:
         monkeypatch.setenv("COLLTUTOR_CHECKS", value)
-    assert guards.enabled() is expected
+    assert agreement.enabled() is expected
 
 
 def test_set_checks_in_the_caller_reaches_the_ranks(monkeypatch) -> None:
     monkeypatch.setenv("COLLTUTOR_CHECKS", "1")  # restored after the test
-    guards.set_checks(False)
-    assert colltutor.run(guards.enabled, 2, timeout=30) == [False, False]
-    guards.set_checks(True)
-    assert colltutor.run(guards.enabled, 2, timeout=30) == [True, True]
+    agreement.set_checks(False)
+    assert colltutor.run(agreement.enabled, 2, timeout=30) == [False, False]
+    agreement.set_checks(True)
+    assert colltutor.run(agreement.enabled, 2, timeout=30) == [True, True]
 
 
 def _without_native_collectives() -> list:
@@ -302,7 +302,7 @@ def test_a_rank_that_raises_stops_the_run() -> None:
 
 
 def _exit_in_the_middle() -> None:
-    guards.set_checks(False)  # rank 3 leaves inside the algorithm, not the checks
+    agreement.set_checks(False)  # rank 3 leaves inside the algorithm, not the checks
     if dist.get_rank() == 3:
         os._exit(3)
     api.all_reduce(torch.ones(1000), algorithm="ring")
@@ -322,7 +322,7 @@ def _lose_a_peer() -> list[str]:
         return []
     messages = []
     for checked in (False, True):
-        guards.set_checks(checked)
+        agreement.set_checks(checked)
         try:
             api.all_reduce(torch.ones(1000), algorithm="ring")
             messages.append("no error")
@@ -334,7 +334,7 @@ def _lose_a_peer() -> list[str]:
 def test_a_lost_peer_is_named() -> None:
     messages = colltutor.run(_lose_a_peer, 2, timeout=30)[0]
     for message, where in zip(messages, ["all_reduce.ring/reduce_scatter.ring",
-                                         "guards.agree"]):
+                                         "agreement.agree"]):
         assert message.startswith(f"rank 0 lost its connection to rank 1 during "
                                   f"{where} step 1 (rank 1 exited"), message
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from colltutor import api, guards, native, ops
+from colltutor import engine, native, ops, user_p2p
 from colltutor.p2p import Comm
 from colltutor.transports import local
 
@@ -72,11 +72,11 @@ class _Group:
 
 def test_a_groups_worker_goes_with_the_group() -> None:
     group = _Group()
-    worker = api._worker(group)
-    assert api._worker(group) is worker and api._worker(_Group()) is not worker
+    worker = engine._worker(group)
+    assert engine._worker(group) is worker and engine._worker(_Group()) is not worker
     del group
     gc.collect()
-    assert all(w is not worker for w in api._workers.values())
+    assert all(w is not worker for w in engine._workers.values())
 
 
 def test_comms_of_one_group_share_its_batch_and_bare_comms_theirs() -> None:
@@ -86,7 +86,7 @@ def test_comms_of_one_group_share_its_batch_and_bare_comms_theirs() -> None:
         return made
 
     group = _Group()
-    assert guards._batch(comm(group)) is guards._batch(comm(group))
-    assert guards._batch(comm(None)) is guards._batch(comm(None))
-    assert guards._batch(comm(group)) is not guards._batch(comm(None))
-    guards._batches.clear()
+    assert user_p2p._batch(comm(group)) is user_p2p._batch(comm(group))
+    assert user_p2p._batch(comm(None)) is user_p2p._batch(comm(None))
+    assert user_p2p._batch(comm(group)) is not user_p2p._batch(comm(None))
+    user_p2p._batches.clear()

@@ -270,7 +270,7 @@ def test_a_timeout_names_the_collective_and_who_returned_from_it():
     assert info.value.pending == [0, 1, 3]
     lines = str(info.value).splitlines()
     assert all(line.startswith(f"  rank {r}: in all_reduce (call #1), blocked in ")
-               and "(guards.agree, step " in line
+               and "(agreement.agree, step " in line
                for r, line in zip([0, 1, 3], lines[1:4], strict=True))
     assert lines[4:] == ["  all_reduce call #1: ranks 0, 1, 3 are in it; rank 2 had "
                          "returned from the run's function after 0 all_reduce calls"]

@@ -113,9 +113,9 @@ def _main(mode: str, out: str, names: list[str]) -> None:
                       TEMP_DIR=tempfile.mkdtemp(prefix="torch-suite-"))
     suite = _suite(mode)
     if mode == "colltutor":  # once here, not in every forked rank
-        from colltutor import api
+        from colltutor import engine
 
-        api._fork()  # the TorchScript compile that profiled calls need
+        engine._fork()  # the TorchScript compile that profiled calls need
     outcomes = {}
     for name in names:
         result = unittest.TestResult()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import api, bench, demo, guards, p2p, selftest
+from colltutor import agreement, bench, demo, engine, p2p, selftest
 from colltutor.selftest import plan
 from colltutor.transports import backends
 
@@ -176,7 +176,7 @@ def test_each_backend_refuses_the_tensors_it_cannot_move() -> None:
             entry.accepts(meta, "x")
     backends.LOCAL.accepts(meta, "x")
     with pytest.raises(ValueError, match="gloo backend moves CPU tensors only"):
-        guards.check_device(meta, "gloo")
+        agreement.check_device(meta, "gloo")
 
 
 def test_the_tag_plan_is_one_table_each_backend_maps_into_its_range() -> None:
@@ -184,8 +184,8 @@ def test_the_tag_plan_is_one_table_each_backend_maps_into_its_range() -> None:
     for a, b in itertools.pairwise(plan_.values()):
         assert a.stop == b.start  # the ranges tile the tags, in order
     assert backends.COLLECTIVE in plan_["own"] and backends.AGREEMENT in plan_["own"]
-    assert api.COLLECTIVE_TAG == backends.COLLECTIVE
-    assert guards._FINGERPRINT_TAG == backends.AGREEMENT
+    assert engine.COLLECTIVE_TAG == backends.COLLECTIVE
+    assert agreement._FINGERPRINT_TAG == backends.AGREEMENT
     mpich_tag_ub = (1 << 29) - 1
     samples = [0, 7, plan_["user"].stop - 1, backends.COLLECTIVE, backends.AGREEMENT,
                backends.HEADER_BIT ^ 7, backends.HEADER_BIT ^ 1000]

@@ -20,7 +20,7 @@ API_DOC = "book/api"
 # (``broadcast`` is ``colltutor.broadcast`` or ``colltutor.collectives.broadcast``);
 # modules not named here go in the last section, alphabetically.
 SECTIONS = [
-    ("The public API", ["colltutor", "api", "backend"]),
+    ("The public API", ["colltutor", "api", "engine", "user_p2p", "backend"]),
     ("Starting ranks", ["runtime", "status"]),
     ("The point-to-point layer", ["p2p", "transports", "torch_dist", "ops", "fold"]),
     ("Collective algorithms", [
@@ -29,7 +29,7 @@ SECTIONS = [
         "all_to_all", "barrier", "tuning",
     ]),
     ("Around the algorithms", [
-        "tracing", "draw", "animate", "explore", "cost", "bench", "guards", "grader",
+        "tracing", "draw", "animate", "explore", "cost", "bench", "agreement", "grader",
         "selftest",
     ]),
 ]
