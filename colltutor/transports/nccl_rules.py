@@ -392,7 +392,7 @@ class NcclRulesTransport(TorchTransport):
                  backend: str, tag: int = 0) -> None:
         super().__init__(group, rank, names, backend, tag)
         self.batched = True
-        self.checks_devices = False  # tensors say cpu:r here; guards check them
+        self.checks_devices = False  # cpu:r here: agreement checks them
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Work]:
         if not (sends or recvs):
