@@ -4,8 +4,7 @@ The public functions have the names, parameters and in-place semantics of
 ``torch.distributed`` (replace ``dist.`` by ``colltutor.``), plus ``algorithm=``.
 """
 
-from colltutor import backend as _backend
-from colltutor import clusters, cost, nccl_tuning, simulation, tracing
+from colltutor import clusters, cost, nccl_tuning, simulation, torch_backend, tracing
 from colltutor.agreement import MismatchError, PeerArgumentError, set_checks
 from colltutor.api import (
     all_gather,
@@ -49,7 +48,7 @@ from colltutor.runtime import (
 from colltutor.simulation import simulate
 from colltutor.tracing import record as trace
 
-_backend.register()  # dist.init_process_group("colltutor") from here on
+torch_backend.register()  # dist.init_process_group("colltutor") from here on
 
 __all__ = [
     "MismatchError", "PeerArgumentError", "PeerLostError", "RankError",

@@ -420,7 +420,7 @@ def test_the_nccl_backend_is_made_as_torch_makes_its_own(monkeypatch) -> None:
     import inspect
     from pathlib import Path
 
-    from colltutor import backend
+    from colltutor import torch_backend
 
     made: dict = {}
 
@@ -434,7 +434,7 @@ def test_the_nccl_backend_is_made_as_torch_makes_its_own(monkeypatch) -> None:
 
     monkeypatch.setattr(dist, "ProcessGroupNCCL", Nccl, raising=False)
     store = dist.HashStore()
-    backend._nccl(store, 1, 2, timedelta(seconds=5), "7", [3, 5])
+    torch_backend._nccl(store, 1, 2, timedelta(seconds=5), "7", [3, 5])
     assert made == {"store": store, "rank": 1, "size": 2,
                     "is_high_priority_stream": False,
                     "_timeout": timedelta(seconds=5),

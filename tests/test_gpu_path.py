@@ -18,7 +18,7 @@ import torch.distributed as dist
 from helpers import outcome
 
 import colltutor
-from colltutor import agreement, backend, engine, selftest
+from colltutor import agreement, engine, selftest, torch_backend
 from colltutor.p2p import Comm
 from colltutor.transports import backends, nccl_rules
 from colltutor.transports.torch_dist import DeviceTransport, TorchTransport
@@ -50,7 +50,7 @@ class _Refusing:
 
 
 class _Nccl:
-    """``ProcessGroupNCCL`` as far as :mod:`colltutor.backend` uses it."""
+    """``ProcessGroupNCCL`` as far as :mod:`colltutor.torch_backend` uses it."""
 
     made: list[_Nccl] = []
 
@@ -114,15 +114,15 @@ def test_colltutor_s_messages_get_an_nccl_communicator_of_their_own(
     their own thread; colltutor's worker must not post on the same communicator.
     With a bound GPU, colltutor's is connected when the group is made."""
     monkeypatch.setattr(dist, "ProcessGroupNCCL", _Nccl, raising=False)
-    monkeypatch.setattr(backend, "nccl_usable", lambda: True)
+    monkeypatch.setattr(torch_backend, "nccl_usable", lambda: True)
     registered = {}
-    monkeypatch.setattr(backend.ProcessGroup, "_register_backend",
+    monkeypatch.setattr(torch_backend.ProcessGroup, "_register_backend",
                         lambda self, device, kind, b: registered.update(
                             {device.type: b}))
     _Nccl.made.clear()
     gpu = torch.device("cuda", 1)
-    group = backend.ProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=5), "g",
-                                 [0], gpu)
+    group = torch_backend.ProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=5),
+                                       "g", [0], gpu)
     native, ours = group.backends["cuda"], group.messages["cuda"]
     assert registered["cuda"] is native and native is not ours
     assert ours.connected == gpu and native.connected is None  # torch connects it
@@ -136,15 +136,16 @@ def test_each_rank_is_bound_to_its_gpu_for_nccl_and_colltutor_worlds(
     monkeypatch.setattr(backends, "nccl_usable", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    assert backend.init_options("nccl", 1) == {"device_id": torch.device("cuda", 1)}
+    assert torch_backend.init_options("nccl", 1) == {
+        "device_id": torch.device("cuda", 1)}
     # three ranks on two GPUs share them round-robin (NCCL 2.30+)
     gpu = torch.device("cuda", 0)
-    assert backend.init_options("colltutor", 2) == {"device_id": gpu,
+    assert torch_backend.init_options("colltutor", 2) == {"device_id": gpu,
                                                     "pg_options": gpu}
-    assert backend.init_options("gloo", 0) == {}
+    assert torch_backend.init_options("gloo", 0) == {}
     assert chosen == [torch.device("cuda", 1), gpu]
     monkeypatch.setattr(backends, "nccl_usable", lambda: False)
-    assert backend.init_options("colltutor", 0) == {}
+    assert torch_backend.init_options("colltutor", 0) == {}
 
 
 class _Running:
@@ -294,7 +295,7 @@ def test_a_colltutor_group_s_barrier_blocks_the_host_as_nccl_s(monkeypatch) -> N
     monkeypatch.setattr(engine, "synchronize", lambda: synced.append(1))
     done: torch.futures.Future = torch.futures.Future()
     done.set_result([])
-    work = backend.Work(done)
+    work = torch_backend.Work(done)
     work.wait()
     assert synced == []  # a collective's wait only orders the caller's stream
     work.blocking = True  # what ProcessGroup.barrier hands back

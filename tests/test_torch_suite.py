@@ -7,7 +7,7 @@ twice on 3 ranks, each test in its own three forked processes as torch runs them
 
 * **native**: the world group is gloo, as torch's own CI runs them;
 * **colltutor**: the same tests, the world group created with
-  ``backend="colltutor"`` (:mod:`colltutor.backend`), so every collective a test
+  ``backend="colltutor"`` (:mod:`colltutor.torch_backend`), so every collective a test
   makes, through ``dist.*`` or a group's own methods (``group.broadcast``), and on
   every subgroup it creates, runs colltutor's algorithms over gloo's point-to-point
   messages.  Everything else is as native: ``BACKEND`` stays ``"gloo"``, so the

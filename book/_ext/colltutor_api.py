@@ -20,7 +20,7 @@ API_DOC = "book/api"
 # (``broadcast`` is ``colltutor.broadcast`` or ``colltutor.collectives.broadcast``);
 # modules not named here go in the last section, alphabetically.
 SECTIONS = [
-    ("The public API", ["colltutor", "api", "engine", "user_p2p", "backend"]),
+    ("The public API", ["colltutor", "api", "engine", "user_p2p", "torch_backend"]),
     ("Starting ranks", ["runtime", "status"]),
     ("The point-to-point layer", ["p2p", "transports", "torch_dist", "ops", "fold"]),
     ("Collective algorithms", [

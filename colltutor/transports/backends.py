@@ -294,7 +294,7 @@ COLLTUTOR = Backend("colltutor", "colltutor", colltutor_transport, FORK,
                     torch_join("colltutor"), bound_or_cpu, on_cpu_or_gpu,
                     batched_for=device_batches)
 """The ``torch.distributed`` backend whose collectives are colltutor's
-(:mod:`colltutor.backend`)."""
+(:mod:`colltutor.torch_backend`)."""
 LOCAL = Backend("local", None, None, THREADS, None, cpu, anywhere)
 SIMULATED = Backend("simgrid", None, None, SIMGRID, None, cpu, anywhere)
 
