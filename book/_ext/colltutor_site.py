@@ -172,8 +172,10 @@ article.bd-article table th, article.bd-article table td { white-space: normal;
 article.bd-article table code, article.bd-article table .pre {
   white-space: normal; overflow-wrap: anywhere; }
 article.bd-article table.indextable { table-layout: fixed; border-spacing: 0; }
-/* The language switch in the article header. */
-a.colltutor-language { font-weight: 600; white-space: nowrap; }
+/* The language switch, first in a row with the article header's buttons. */
+.bd-header-article .header-article-items__end { display: flex; align-items: center; }
+.bd-header-article a.colltutor-language { font-size: 0.95rem; font-weight: 600;
+  white-space: nowrap; }
 /* API signatures with long defaults wrap instead of running past the column. */
 article.bd-article dt.sig, article.bd-article dt.sig span.pre,
 article.bd-article dt.sig .sig-param { white-space: normal;
