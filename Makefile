@@ -15,8 +15,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-# Debian packages for the browser test (chromium), the two-host test (iproute2) and
-# the vendored JavaScript of the website (npm);
+# Debian packages for the browser test (chromium), the Chinese edition's font
+# (fonts-noto-cjk), the two-host test (iproute2) and the vendored JavaScript of the
+# website (npm);
 # installed only when running as root and only those missing (a machine whose Node.js
 # already brings npm cannot take Debian's npm), otherwise those tests skip and say why.
 system:
@@ -25,6 +26,8 @@ system:
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  command -v ip >/dev/null || missing="$$missing iproute2"; \
 	  command -v npm >/dev/null || missing="$$missing npm"; \
+	  [ -e /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc ] \
+	    || missing="$$missing fonts-noto-cjk"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "apt-get install$$missing"; \
 	    apt-get update -qq && apt-get install -y -qq \
@@ -67,9 +70,12 @@ simgrid: setup
 	  print("C++ replayer:", r.program())' 2>/dev/null \
 	  || echo "C++ replayer: not built (no g++ or libsimgrid-dev), replays run on Python"
 
+# Both editions: English in _build/html, Simplified Chinese in _build/html/zh_CN
+# (tools/i18n.py, from the catalogues in locales/).
 book: setup system simgrid
 	$(BIN)/python tools/vendor_assets.py
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/python tools/i18n.py build
 
 notebooks: setup
 	$(BIN)/python tools/execute_notebooks.py
@@ -81,6 +87,7 @@ NBVAL := --nbval notebooks/ --nbval-current-env \
 	  --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=120
 
 test: setup system simgrid lint book
+	$(BIN)/python tools/i18n.py check
 	COLLTUTOR_TORCH_SUITE=full $(BIN)/pytest -q tests/
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider
 	$(MAKE) --no-print-directory test-nccl-rules

@@ -24,9 +24,18 @@ runs past about 100 words; nothing is wider than its column or hidden behind a
 scroll bar; and the explorer (``book/_ext/colltutor_explorer.py``) redraws when its
 controls are clicked.
 
-Needs the site (``jupyter-book build .``, after ``python tools/vendor_assets.py``),
-``apt-get install chromium`` and the ``playwright`` Python package; skips, saying
-which is missing, otherwise.
+Both editions are read so (issue 38): English in ``_build/html`` and Simplified
+Chinese in ``_build/html/zh_CN``, each page with a link to the same page of the other
+edition.  In Chinese a paragraph's length is counted in characters (a Chinese
+character, or a Latin word, is one), at most about twice the English word limit; the
+search types a Chinese word.  The Chinese page's text must render in a font that has
+its glyphs, not as empty boxes ("tofu"):
+:func:`test_chinese_text_is_drawn_in_a_cjk_font`.
+
+Needs the site (``make book``: ``jupyter-book build .``, after ``python
+tools/vendor_assets.py``, and ``python tools/i18n.py build``), ``apt-get install
+chromium fonts-noto-cjk`` and the ``playwright`` Python package; skips, saying which
+is missing, otherwise.
 """
 
 from __future__ import annotations
@@ -72,6 +81,25 @@ VIEWPORT = {"width": 1400, "height": 900}
 SCREENS_PER_FIGURE = 3  # a chapter page has a figure at least every 3 screens
 MAX_WORDS = 110  # "paragraphs of at most about 100 words"
 FIRST_SCREEN_PX = 150  # this much of a figure (or all of a smaller one) in screen 1
+MAX_CHARACTERS = 220  # the Chinese edition's paragraphs: characters and Latin words
+
+
+@dataclass(frozen=True)
+class Edition:
+    """One language of the site: its folder under ``_build/html`` and its words."""
+
+    language: str
+    folder: str  # "" or "zh_CN/"
+    search_word: str
+    search_finds: str  # in the title of a page the search word finds
+    show_solution: str
+    switch: str  # the label of the link to the other edition
+
+
+EDITIONS = {
+    "en": Edition("en", "", SEARCH_WORD, "Point-to-point", "Show solution", "中文"),
+    "zh_CN": Edition("zh_CN", "zh_CN/", "死锁", "点对点", "显示参考答案", "English"),
+}
 
 
 @dataclass
@@ -113,11 +141,16 @@ class SiteReport:
     blocked: list[str]
     search_results: list[str]
     search_error: str = ""
+    edition: Edition = EDITIONS["en"]
 
 
-def _pages() -> list[str]:
-    return sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html")
-                  if "_static" not in p.parts and "_sources" not in p.parts)
+def _pages(edition: Edition) -> list[str]:
+    """The edition's pages, relative to ``_build/html`` (``zh_CN/book/...``)."""
+    other = [e.folder for e in EDITIONS.values() if e.folder and e != edition]
+    paths = (p.relative_to(SITE).as_posix() for p in (SITE / edition.folder).rglob(
+        "*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+    return sorted(path for path in paths
+                  if not any(path.startswith(folder) for folder in other))
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -219,7 +252,8 @@ def _visit(page, base: str, path: str) -> PageReport:
     _read_as_a_person(page, base, report)
     page.evaluate("window.scrollTo(0, 0)")
     name = path.replace("/", "__").removesuffix(".html") + ".png"
-    page.screenshot(path=str(SHOTS / name), full_page=path in FULL_SHOTS,
+    page.screenshot(path=str(SHOTS / name),
+                    full_page=path.removeprefix("zh_CN/") in FULL_SHOTS,
                     timeout=4 * TIMEOUT_MS)
     return report
 
@@ -272,11 +306,17 @@ _PERSON_JS = """() => {
   const screens = (articleBox.top + articleBox.height) / screen;
   const folded = 'details, .dropdown, .toggle, table, pre, div.cell_output, '
     + 'figcaption, nav, dl.py, footer, .colltutor-explorer';
+  // a word, or in Chinese a character or a Latin word, counts one
+  const cjk = document.documentElement.lang.startsWith('zh');
+  const limit = cjk ? MAX_CHARACTERS : MAX_WORDS;
+  const hanzi = /[\\u3400-\\u9fff\\uf900-\\ufaff]|[A-Za-z0-9_.]+/g;
+  const units = t => cjk ? (t.match(hanzi) || []) : t.split(/\\s+/).filter(w => w);
   const long = [...article.querySelectorAll('p')]
     .filter(p => p.offsetParent !== null && !p.closest(folded))
-    .map(p => (p.innerText || '').trim().split(/\\s+/).filter(w => w))
-    .filter(w => w.length > MAX_WORDS)
-    .map(w => `${w.length} words: ${w.slice(0, 8).join(' ')} ...`);
+    .map(p => ({text: (p.innerText || '').trim()}))
+    .map(p => ({...p, n: units(p.text).length}))
+    .filter(p => p.n > limit)
+    .map(p => `${p.n} ${cjk ? 'characters' : 'words'}: ${p.text.slice(0, 40)} ...`);
   const page = document.documentElement;
   const overflow = page.scrollWidth > page.clientWidth + 1
     ? [`the page scrolls sideways: ${page.scrollWidth}px in ${page.clientWidth}px`]
@@ -298,7 +338,8 @@ _PERSON_JS = """() => {
   }
   return {nbval, wide, figures, svgs, images, prompts, names, firstScreen, screens,
           long, overflow: overflow.slice(0, 8)};
-}""".replace("FIRST_PX", str(FIRST_SCREEN_PX)).replace("MAX_WORDS", str(MAX_WORDS))
+}""".replace("FIRST_PX", str(FIRST_SCREEN_PX)).replace("MAX_WORDS", str(MAX_WORDS)) \
+    .replace("MAX_CHARACTERS", str(MAX_CHARACTERS))
 
 
 def _measure_frames(player, base: str, report: PageReport, index: int) -> None:
@@ -420,35 +461,55 @@ def _read_as_a_person(page, base: str, report: PageReport) -> None:
                                      f"({px:.1f} px shown at {image['scale']:.2f}x)")
 
 
-def _search(page, base: str) -> list[str]:
+def _search(page, base: str, edition: Edition) -> list[str]:
     """Type a word into the search box as a reader would; return the result titles."""
-    page.goto(f"{base}/book/index.html", wait_until="load", timeout=TIMEOUT_MS)
+    page.goto(f"{base}/{edition.folder}book/index.html", wait_until="load",
+              timeout=TIMEOUT_MS)
     page.keyboard.press("Control+k")
     box = page.locator("input[name=q]:visible").first
     box.wait_for(timeout=TIMEOUT_MS)
-    box.fill(SEARCH_WORD)
+    box.fill(edition.search_word)
     box.press("Enter")
     page.wait_for_url(re.compile(r"search\.html\?q="), timeout=TIMEOUT_MS)
     results = page.locator("#search-results ul.search li a")
     results.first.wait_for(timeout=TIMEOUT_MS)
-    page.screenshot(path=str(SHOTS / "search.png"))
+    page.screenshot(path=str(SHOTS / f"search-{edition.language}.png"))
     return [t.strip() for t in results.all_inner_texts() if t.strip()]
 
 
-@pytest.fixture(scope="module")
-def site() -> SiteReport:
-    if not (SITE / "index.html").exists():
-        pytest.skip(f"no built site in {SITE}: run `python tools/vendor_assets.py && "
-                    "jupyter-book build . -W -n --keep-going` first")
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="the playwright Python package is missing")
-    SHOTS.mkdir(parents=True, exist_ok=True)
+def _browser(sync_api, pw):
+    return pw.chromium.launch(
+        executable_path=CHROMIUM if Path(CHROMIUM).exists()
+        else shutil.which("chromium"), args=CHROMIUM_ARGS, headless=True)
+
+
+def _serve():
+    """``_build/html`` (both editions) on 127.0.0.1: the server and its base URL."""
     handler = functools.partial(_Quiet, directory=str(SITE))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _needs(edition: Edition):
+    """Skip, saying why, without the built edition, chromium or playwright."""
+    if not (SITE / edition.folder / "book" / "index.html").exists():
+        pytest.skip(f"no built {edition.language} site in {SITE / edition.folder}: "
+                    "run `make book` first")
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    return pytest.importorskip("playwright.sync_api",
+                               reason="the playwright Python package is missing")
+
+
+@pytest.fixture(scope="module", params=list(EDITIONS))
+def site(request) -> SiteReport:
+    edition = EDITIONS[request.param]
+    sync_api = _needs(edition)
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    server, base = _serve()
     blocked: list[str] = []
 
     def gate(route) -> None:
@@ -460,20 +521,18 @@ def site() -> SiteReport:
 
     try:
         with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM if Path(CHROMIUM).exists()
-                else shutil.which("chromium"), args=CHROMIUM_ARGS, headless=True)
+            browser = _browser(sync_api, pw)
             context = browser.new_context(viewport=VIEWPORT)
             context.route("**/*", gate)
             pages = {}
-            for path in _pages():
+            for path in _pages(edition):
                 page = context.new_page()
                 pages[path] = _visit(page, base, path)
                 page.close()
             page = context.new_page()
             results, error = [], ""
             try:
-                results = _search(page, base)
+                results = _search(page, base, edition)
             except Exception as exc:  # reported by test_search
                 error = f"{type(exc).__name__}: {exc}"
             page.close()
@@ -481,7 +540,7 @@ def site() -> SiteReport:
     finally:
         server.shutdown()
         server.server_close()
-    return SiteReport(pages, blocked, results, error)
+    return SiteReport(pages, blocked, results, error, edition)
 
 
 def _failures(site: SiteReport, what) -> str:
@@ -532,8 +591,9 @@ def test_the_explorer_answers_its_controls(site: SiteReport) -> None:
     another collective each changes what the explorer shows; it runs on the landing
     page and where the notebooks showed its still picture."""
     with_explorer = sorted(p for p, r in site.pages.items() if r.explorers)
-    assert LANDING in with_explorer, with_explorer
-    assert "notebooks/06_all_reduce.html" in with_explorer, with_explorer
+    assert site.edition.folder + LANDING in with_explorer, with_explorer
+    assert site.edition.folder + "notebooks/06_all_reduce.html" in with_explorer, (
+        with_explorer)
     failures = _failures(site, lambda r: r.explorer_dead)
     assert not failures, failures
 
@@ -566,7 +626,7 @@ def test_no_broken_internal_links(site: SiteReport) -> None:
 
 def test_search_finds_pages(site: SiteReport) -> None:
     assert site.search_error == ""
-    assert any("Point-to-point" in title for title in site.search_results), (
+    assert any(site.edition.search_finds in title for title in site.search_results), (
         site.search_results)
 
 
@@ -590,9 +650,10 @@ def test_every_chapter_page_has_a_figure(site: SiteReport) -> None:
 def test_a_figure_in_the_first_screen(site: SiteReport) -> None:
     """The landing page, every chapter page and every notebook page that draws
     anything show a figure in their first 1400x900 screen."""
-    assert LANDING in site.pages
+    landing = site.edition.folder + LANDING
+    assert landing in site.pages
     pages = [p for p, r in site.pages.items()
-             if p == LANDING or CHAPTER.search(p) or (NOTEBOOK.search(p) and r.figures)]
+             if p == landing or CHAPTER.search(p) or (NOTEBOOK.search(p) and r.figures)]
     assert len(pages) >= 25, pages
     missing = [p for p in pages if not site.pages[p].first_screen_figure]
     assert not missing, f"no figure in the first screen: {missing}"
@@ -609,7 +670,7 @@ def test_chapter_pages_have_a_figure_every_three_screens(site: SiteReport) -> No
 
 def test_paragraphs_are_short(site: SiteReport) -> None:
     """Outside folded blocks (dropdowns, solutions), code, tables and outputs, no
-    paragraph runs past about 100 words."""
+    paragraph runs past about 100 words (in Chinese, 220 characters)."""
     assert any(PROSE.search(p) for p in site.pages)
     failures = _failures(site, lambda r: r.long_paragraphs)
     assert not failures, failures
@@ -651,13 +712,88 @@ def test_solutions_are_labelled(site: SiteReport) -> None:
     failures = _failures(site, lambda r: [p for p in r.code_prompts
                                           if "code cell" in p])
     assert not failures, failures
-    assert all("Show solution" in r.code_prompts for r in exercises), [
+    assert all(site.edition.show_solution in r.code_prompts for r in exercises), [
         (r.path, r.code_prompts[:3]) for r in exercises]
 
 
 def test_links_show_titles_not_file_names(site: SiteReport) -> None:
     failures = _failures(site, lambda r: r.file_name_links)
     assert not failures, failures
+
+
+def test_every_page_links_to_the_other_edition(site: SiteReport) -> None:
+    """Each page's header links to the same page in the other language."""
+    other = next(e for e in EDITIONS.values() if e != site.edition)
+    failures = {}
+    for path in site.pages:
+        page = (SITE / path).read_text(encoding="utf-8")
+        if 'http-equiv="Refresh"' in page:  # the folder's index.html: a redirect
+            continue
+        found = re.search(r'<a class="[^"]*colltutor-language[^"]*" href="([^"]+)"'
+                          r'[^>]*>([^<]+)</a>', page)
+        want = other.folder + path.removeprefix(site.edition.folder)
+        if not found:
+            failures[path] = "no language link"
+            continue
+        target = urllib.parse.urljoin("/" + path, found.group(1)).lstrip("/")
+        if target != want or found.group(2) != site.edition.switch or "://" in (
+                found.group(1)):
+            failures[path] = f"{found.group(2)!r} -> {target} (want {want})"
+    assert not failures, "".join(f"\n  {p}: {v}" for p, v in failures.items())
+
+
+# Two characters a CJK font draws differently, and one that no font has (a
+# private-use code point): a page without a CJK font draws all three as the same
+# empty box ("tofu"), or not at all.
+_GLYPHS_JS = """() => {
+  const p = document.querySelector('article.bd-article p');
+  const style = getComputedStyle(p);
+  const font = `${style.fontSize} ${style.fontFamily}`;
+  const draw = ch => {
+    const c = document.createElement('canvas');
+    c.width = 64; c.height = 64;
+    const g = c.getContext('2d');
+    g.fillStyle = '#fff'; g.fillRect(0, 0, 64, 64);
+    g.fillStyle = '#000'; g.font = font.replace(style.fontSize, '40px');
+    g.textBaseline = 'top'; g.fillText(ch, 8, 8);
+    return Array.from(g.getImageData(0, 0, 64, 64).data).join(',');
+  };
+  const ink = s => s.split(',').filter((v, i) => i % 4 === 0 && v < 128).length;
+  const a = draw('集'), b = draw('通'), none = draw('\\ue000');
+  return {font, lang: document.documentElement.lang, ink: [ink(a), ink(b)],
+          differ: a !== b, unlikeTofu: a !== none && b !== none,
+          check: document.fonts.check(font.replace(style.fontSize, '16px'), '集合通信'),
+          text: p.innerText.slice(0, 40)};
+}"""
+
+
+def test_chinese_text_is_drawn_in_a_cjk_font() -> None:
+    """No tofu: on a Chinese page, the page's own font stack draws two different
+    Chinese characters differently, each with ink, and unlike a character no font
+    has; a screenshot of the page's first screen is kept for a person to look at
+    (``_build/screenshots/zh_CN-no-tofu.png``)."""
+    edition = EDITIONS["zh_CN"]
+    sync_api = _needs(edition)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    server, base = _serve()
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = _browser(sync_api, pw)
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(f"{base}/zh_CN/book/02_point_to_point.html", wait_until="load",
+                      timeout=TIMEOUT_MS)
+            _settle(page)
+            seen = page.evaluate(_GLYPHS_JS)
+            page.screenshot(path=str(SHOTS / "zh_CN-no-tofu.png"))
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen["lang"] == "zh-CN", seen
+    assert re.search(r"[\u4e00-\u9fff]", seen["text"]), f"no Chinese text: {seen}"
+    assert min(seen["ink"]) > 20 and seen["differ"] and seen["unlikeTofu"], (
+        f"Chinese characters are not drawn from a CJK font (apt-get install "
+        f"fonts-noto-cjk): {seen}")
 
 
 def test_quick_start_opens_jupyterlab() -> None:

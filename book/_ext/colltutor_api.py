@@ -5,6 +5,11 @@ page the line is replaced with one ``automodule`` section per public module of t
 package, found by walking it, so a new module appears in the reference without
 anyone editing the page.  Names that ``colltutor`` re-exports are documented once,
 under ``colltutor``, and left out of the module that defines them.
+
+The docstrings are the package's own words and stay English in every edition: what
+autodoc makes of them (and the tables generated from the package) is marked
+untranslatable (:class:`PackageWords`), so the page's catalogue holds only the
+page's prose, its intro and headings.
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from typing import Any
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.transforms import SphinxTransform
 
 MARKER = "% colltutor-api-modules"
 API_DOC = "book/api"
@@ -54,14 +63,15 @@ def package_section() -> str:
     """
     package = importlib.import_module("colltutor")
     lines = ["### `colltutor`", "", "```{eval-rst}", ".. automodule:: colltutor",
-             "```", "", "| name | documented in |", "|---|---|"]
+             "```", "", f"```{{container}} {GENERATED}", "",
+             "| name | documented in |", "|---|---|"]
     for name in getattr(package, "__all__", []):
         home = getattr(getattr(package, name), "__module__", "") or ""
         if home.startswith("colltutor.") and not _private(home):
             lines.append(f"| `colltutor.{name}` | {{py:mod}}`{home}` |")
         else:
             lines.append(f"| `colltutor.{name}` | `{home or 'colltutor'}` |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n```\n"
 
 
 def _private(module_name: str) -> bool:
@@ -108,12 +118,36 @@ def algorithm_table() -> str:
     registry = importlib.import_module("colltutor.registry")
     importlib.import_module("colltutor.collectives")
     lines = ["Every algorithm, as declared in {py:mod}`colltutor.registry`:", "",
+             f"```{{container}} {GENERATED}", "",
              "| collective | algorithm | chapter | messages |", "|---|---|---|---|"]
     for collective, table in registry.ALGORITHMS.items():
         for name, declared in table.items():
             lines.append(f"| `{collective}` | `{name}` | {declared.chapter} | "
                          f"{declared.shape} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n```\n"
+
+
+GENERATED = "colltutor-package-words"
+
+
+class PackageWords(SphinxTransform):
+    """Mark the API page's docstrings and generated tables untranslatable.
+
+    Runs before Sphinx's ``Locale`` transform (priority 20), so that a catalogue
+    never replaces them and the gettext builder never extracts them.
+    """
+
+    default_priority = 15
+
+    def apply(self, **kwargs: Any) -> None:
+        if self.env.docname != API_DOC:
+            return
+        for node in list(self.document.findall(nodes.Element)):
+            if (isinstance(node, addnodes.desc)
+                    or "docstring of" in (node.source or "")
+                    or GENERATED in node.get("classes", [])):
+                for inner in node.findall(nodes.TextElement):
+                    inner["translatable"] = False
 
 
 def on_source_read(app: Any, docname: str, source: list[str]) -> None:
@@ -152,6 +186,7 @@ def resolve_short_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
 
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", on_source_read)
+    app.add_transform(PackageWords)
     app.connect("missing-reference", resolve_short_name)
     app.connect("env-get-outdated", always_reread)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

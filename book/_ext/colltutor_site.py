@@ -33,6 +33,15 @@ which went on across chapters, before the pages are written).
 A notebook's page opens with the first figure the notebook draws
 (:func:`lead_figure`): a copy of it, placed after the page's first paragraph, so
 that the first screen shows what the page is about.  The notebook is unchanged.
+
+The site has two editions from the same sources: English in ``_build/html`` and
+Simplified Chinese in ``_build/html/zh_CN`` (``tools/i18n.py``).  Every page of
+each has a link in its header to the same page of the other
+(:func:`language_switch`, a relative link, so the site works from ``file://`` as from
+a server).  What this extension writes into pages itself is said in the page's
+language (:data:`WORDS`); the theme's own words that Sphinx, the themes and
+sphinx-exercise do not translate come from ``locales/<language>/LC_MESSAGES/theme.po``
+(:func:`theme_words`).
 """
 
 from __future__ import annotations
@@ -80,8 +89,26 @@ MARKER = re.compile(r"^[ \t]*#[ \t]*NBVAL_[A-Z_]+[ \t]*(\n|$)", re.MULTILINE)
 SELF_LINK = re.compile(r"\[`?([^\]`]+\.(?:ipynb|md))`?\]\(([^)\s]+)\)")
 SOLUTION = {"code_prompt_show": "Show solution", "code_prompt_hide": "Hide solution"}
 
+# The other edition of each, as (its language, its folder from the English site's
+# root, the switch's label in that language).
+EDITIONS = {"en": ("zh_CN", "zh_CN/", "中文"), "zh_CN": ("en", "", "English")}
+LEAD_CAPTION = "Drawn by this notebook's code, further down."
+# What this extension writes into pages, in the other languages.
+WORDS = {"zh_CN": {
+    "Show solution": "显示参考答案",
+    "Hide solution": "隐藏参考答案",
+    LEAD_CAPTION: "由本笔记本下文的代码绘制。",
+    "Read this page in English": "Read this page in English",
+    "Read this page in Chinese": "阅读本页的中文版",
+}}
 
-def clean_notebook(text: str) -> str:
+
+def words(app: Any, text: str) -> str:
+    """``text`` in the language of the edition being built."""
+    return WORDS.get(app.config.language or "en", {}).get(text, text)
+
+
+def clean_notebook(text: str, solution: dict[str, str] = SOLUTION) -> str:
     """A notebook's JSON with what the website should not show taken out (see the
     module docstring); text that is not a notebook comes back unchanged."""
     try:
@@ -95,7 +122,7 @@ def clean_notebook(text: str) -> str:
         if cell.get("cell_type") == "code":
             source = MARKER.sub("", source)
             if "solution" in cell.get("metadata", {}).get("tags", []):
-                cell["metadata"].setdefault("mystnb", {}).update(SOLUTION)
+                cell["metadata"].setdefault("mystnb", {}).update(solution)
         elif cell.get("cell_type") == "markdown":
             source = SELF_LINK.sub(lambda m: f"[]({m.group(2)})" if Path(
                 m.group(2)).name == m.group(1) else m.group(0), source)
@@ -105,7 +132,8 @@ def clean_notebook(text: str) -> str:
 
 def read_source(app: Any, docname: str, source: list[str]) -> None:
     if str(app.env.doc2path(docname)).endswith(".ipynb"):
-        source[0] = clean_notebook(source[0])
+        source[0] = clean_notebook(source[0], {key: words(app, text) for key, text
+                                               in SOLUTION.items()})
 
 
 CHAPTER_DOC = re.compile(r"^book/(\d\d)_")
@@ -144,6 +172,10 @@ article.bd-article table th, article.bd-article table td { white-space: normal;
 article.bd-article table code, article.bd-article table .pre {
   white-space: normal; overflow-wrap: anywhere; }
 article.bd-article table.indextable { table-layout: fixed; border-spacing: 0; }
+/* The language switch, first in a row with the article header's buttons. */
+.bd-header-article .header-article-items__end { display: flex; align-items: center; }
+.bd-header-article a.colltutor-language { font-size: 0.95rem; font-weight: 600;
+  white-space: nowrap; }
 /* API signatures with long defaults wrap instead of running past the column. */
 article.bd-article dt.sig, article.bd-article dt.sig span.pre,
 article.bd-article dt.sig .sig-param { white-space: normal;
@@ -173,8 +205,109 @@ def lead_figure(app: Any, doctree: Any, docname: str) -> None:
         return
     figure = nodes.figure("", images[0].deepcopy(), classes=["colltutor-lead"],
                           ids=["colltutor-lead-figure"])  # unnumbered
-    figure += nodes.caption("", "Drawn by this notebook's code, further down.")
+    figure += nodes.caption("", words(app, LEAD_CAPTION))
     section.insert(section.index(first) + 1, figure)
+
+
+def language_switch(app: Any, pagename: str, templatename: str, context: dict,
+                    doctree: Any) -> None:
+    """The same page in the other edition: its relative link, label and language
+    (``colltutor-language.html`` puts it in the page's header)."""
+    language = app.config.language or "en"
+    if language not in EDITIONS:
+        return
+    other, folder, label = EDITIONS[language]
+    up = "../" * pagename.count("/")
+    if language != "en":  # out of the zh_CN/ folder
+        up += "../"
+    context["colltutor_language"] = {
+        "href": f"{up}{folder}{pagename}.html", "label": label,
+        "lang": other.replace("_", "-"),
+        "title": words(app, "Read this page in English" if other == "en"
+                       else "Read this page in Chinese")}
+
+
+def toc_captions(app: Any) -> Any:
+    """A transform translating the table of contents' part captions ("Foundations").
+
+    sphinx-external-toc inserts the toctrees after Sphinx's ``Locale`` transform
+    has translated the page, so their captions, though extracted into the page's
+    catalogue like its other messages, would stay English; this runs after it.
+    """
+    from sphinx import addnodes
+    from sphinx.locale import init as init_locale
+    from sphinx.transforms import SphinxTransform
+    from sphinx.util.i18n import docname_to_domain
+
+    class TocCaptions(SphinxTransform):
+        default_priority = 110  # after InsertToctrees (100)
+
+        def apply(self, **kwargs: Any) -> None:
+            if (self.config.language or "en") == "en":
+                return
+            domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+            dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
+            catalogue, found = init_locale(dirs, self.config.language, domain)
+            if not found:
+                return
+            for toctree in self.document.findall(addnodes.toctree):
+                caption = toctree.get("caption")
+                if caption and catalogue.gettext(caption) != caption:
+                    toctree["caption"] = toctree["rawcaption"] = catalogue.gettext(
+                        caption)
+
+    return TocCaptions
+
+
+def header_items(app: Any, config: Any) -> None:
+    """The language switch goes first among the article header's buttons."""
+    config.templates_path.append(str(Path(__file__).parent / "templates"))
+    options = config.html_theme_options
+    end = options.get("article_header_end", ["article-header-buttons.html"])
+    if isinstance(end, str):
+        end = [item.strip() for item in end.split(",") if item.strip()]
+    if "colltutor-language.html" not in end:
+        options["article_header_end"] = ["colltutor-language.html", *end]
+
+
+def theme_words(app: Any) -> None:
+    """Put ``locales/<language>/LC_MESSAGES/theme.mo`` in front of every message
+    catalogue that Sphinx and the themes loaded, for the words they leave English."""
+    import gettext
+
+    from sphinx import locale
+
+    language = app.config.language or "en"
+    for folder in app.config.locale_dirs:
+        po = Path(app.srcdir, folder, language, "LC_MESSAGES", "theme.po")
+        if not po.exists():
+            continue
+        ours = gettext.GNUTranslations(_compile(po))
+        for key, existing in list(locale.translators.items()):
+            mine = gettext.GNUTranslations(_compile(po))
+            mine.add_fallback(existing)
+            locale.translators[key] = mine
+        if getattr(app, "translator", None) is not None:
+            ours.add_fallback(app.translator)
+            app.translator = ours
+            templates = getattr(app.builder, "templates", None)
+            if templates is not None and hasattr(templates, "environment"):
+                templates.environment.install_gettext_translations(ours)
+
+
+def _compile(po: Path) -> Any:
+    """The compiled catalogue of ``po``, in memory."""
+    import io
+
+    from babel.messages.mofile import write_mo
+    from babel.messages.pofile import read_po
+
+    with po.open("rb") as f:
+        catalogue = read_po(f)
+    out = io.BytesIO()
+    write_mo(out, catalogue)
+    out.seek(0)
+    return out
 
 
 def _ancestors(node: Any) -> list[Any]:
@@ -204,4 +337,8 @@ def setup(app: Any) -> dict[str, Any]:
     stylesheet(app, "colltutor-site.css", CSS)
     app.connect("env-get-updated", number_exercises, priority=900)
     app.connect("doctree-resolved", lead_figure)
+    app.connect("config-inited", header_items)
+    app.connect("html-page-context", language_switch)
+    app.connect("builder-inited", theme_words)
+    app.add_transform(toc_captions(app))
     return {"parallel_read_safe": True, "parallel_write_safe": True}

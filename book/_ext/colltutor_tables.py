@@ -12,6 +12,11 @@ The function returns a :class:`colltutor.figures_scale.Table` (a header and rows
 strings) read from ``book/data/*.json``, which the benchmarks wrote.  So a table in
 the book is the stored run, never a copy typed by hand; rerunning the benchmark and
 rebuilding updates it.  The directive's text becomes the table's caption.
+
+In the Chinese edition the caption is translated (it is the page's prose, in the
+page's catalogue) and the table itself is not: its header and cells are the data's
+own labels, the names the figures drawn from the same runs use, and stay English
+like the figures' labels.  They are marked untranslatable, so no catalogue holds them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def _row(cells: list[str]) -> nodes.row:
     row = nodes.row()
     for cell in cells:
         entry = nodes.entry()
-        entry += nodes.paragraph(text=cell)
+        entry += nodes.paragraph(text=cell, translatable=False)
         row += entry
     return row
 
