@@ -71,8 +71,8 @@ DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)},
 """Every torch dtype, numbered by its place here in fingerprints and headers."""
 _FIELDS = ("collective", "error", "dtype", "numel", "op", "root", "algorithm")
 MAGIC = 0x0C011EC7
-"""The first field of every fingerprint and header: what a rank with checks off
-sends instead is recognised as such."""
+"""The first field of every fingerprint and header, so that what a rank with checks
+off sends instead is recognised as such."""
 _FINGERPRINT_TAG = backends.AGREEMENT  # the tag plan: TAG_PLAN["own"]
 _TEXT = 240  # bytes of an argument error's message that other ranks see
 _NONE = -1

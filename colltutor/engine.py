@@ -181,7 +181,7 @@ def launch(collective: str, group: ProcessGroup | None, async_op: bool,
     A synchronous call first waits for the group's earlier asynchronous ones, so that
     collectives on a group always run in the order the program issued them.  Under
     the profiler the call is one record, ``colltutor:<collective>``, that starts here
-    and ends on the thread that finishes the collective (:func:`_record`).  CUDA
+    and ends on the thread that finishes the collective (``_record``).  CUDA
     tensors (``inputs``, or ``on`` where a rank has none) are used on their device,
     after the work this thread's stream has queued on them, as NCCL does.
     """
