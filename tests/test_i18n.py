@@ -75,6 +75,21 @@ def test_an_english_change_without_its_translation_fails(tmp_path: Path) -> None
                       "A sentence added to the English page."], report
 
 
+def test_started_pages_must_be_complete_others_wait(tmp_path: Path) -> None:
+    """``--started``: a page not begun is listed, not failed; one begun must be
+    complete, so an English sentence added to it still fails."""
+    pots, locales = tmp_path / "pot", tmp_path / "locales"
+    _write(pots / "book" / "02_point_to_point.pot", [*ENGLISH, "A new sentence."])
+    _write(pots / "book" / "03_broadcast_reduce.pot", ENGLISH)
+    po = locales / "zh_CN" / "LC_MESSAGES" / "book" / "02_point_to_point.po"
+    _write(po, ENGLISH, CHINESE)
+    waiting: list[str] = []
+    report = i18n.check(pots, locales, started=True, waiting=waiting)
+    assert waiting == ["book/03_broadcast_reduce.po"]
+    assert report == ["book/02_point_to_point.po: untranslated: A new sentence."]
+    assert len(i18n.check(pots, locales)) == 1 + 3  # all pages: 03's three too
+
+
 def test_a_fuzzy_translation_fails(tmp_path: Path) -> None:
     report = _check(tmp_path, CHINESE, fuzzy={0})
     assert len(report) == 1 and "fuzzy" in report[0], report

@@ -174,8 +174,11 @@ def problems(message: str, translation: str | None, fuzzy: bool) -> list[str]:
     return found + style(translation)
 
 
-def check(potdir: Path, locales: Path = LOCALES) -> list[str]:
-    """Every message of the .pot files under ``potdir`` against its catalogue."""
+def check(potdir: Path, locales: Path = LOCALES, started: bool = False,
+          waiting: list[str] | None = None) -> list[str]:
+    """Every message of the .pot files under ``potdir`` against its catalogue.
+    With ``started``, a page none of whose messages is translated yet is not a
+    problem (it is listed in ``waiting``): only pages under way must be complete."""
     from babel.messages.pofile import read_po
 
     report = []
@@ -190,6 +193,11 @@ def check(potdir: Path, locales: Path = LOCALES) -> list[str]:
                 catalogue = {m.id: m for m in read_po(f) if m.id}
         with pot.open("rb") as f:
             english = [m.id for m in read_po(f) if m.id]
+        if started and not any(catalogue.get(m) and catalogue[m].string
+                               for m in english if needs_words(m)):
+            if waiting is not None and any(map(needs_words, english)):
+                waiting.append(str(name))
+            continue
         for message in english:
             entry = catalogue.get(message)
             for problem in problems(message, entry and entry.string,
@@ -206,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pot", type=Path, default=None,
                         help="check: .pot files already extracted (default: extract"
                         " afresh into _build/gettext)")
+    parser.add_argument("--started", action="store_true",
+                        help="check: only pages whose translation has begun must be"
+                        " complete (the others are listed)")
     args = parser.parse_args(argv)
     if args.command == "extract":
         return update()
@@ -217,10 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         if extract(potdir):
             print("i18n check: the gettext build failed", file=sys.stderr)
             return 1
-    report = check(potdir)
+    waiting: list[str] = []
+    report = check(potdir, started=args.started, waiting=waiting)
     for line in report:
         print(line)
     pots = len(list(potdir.rglob("*.pot")))
+    if waiting:
+        print(f"i18n check: {len(waiting)} pages not translated yet (English on the"
+              f" Chinese site): {' '.join(waiting)}")
     print(f"i18n check: {pots} pages, {len(report)} problems")
     return 1 if report else 0
 
