@@ -11,6 +11,7 @@ It pins gloo: it shows what gloo does with CPU tensors (on GPUs, NCCL's own
 checks and watchdog report such a hang differently; Chapter 10).
 """
 
+import os
 import re
 
 import torch
@@ -28,8 +29,11 @@ def mismatched() -> None:
 
 
 if __name__ == "__main__":
+    # The checker's error comes long before a hang would be declared; 30 s leaves
+    # room for setting up its extra group on a busy machine.
+    detail = os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
     try:
-        colltutor.run(mismatched, 2, timeout=3, backend="gloo")
+        colltutor.run(mismatched, 2, timeout=30 if detail else 3, backend="gloo")
     except colltutor.RankTimeoutError as error:
         print("hang:", error)
     except colltutor.RankError as error:
