@@ -19,6 +19,7 @@ from colltutor.collectives import (
     fold,
     hierarchy,
     nccl_trees,
+    primitives,
     rails,
     reduce,
     reduce_scatter,
@@ -271,7 +272,7 @@ def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2,
     """
     p, k = comm.size, hierarchy.ranks_per_node(comm.size, k)
     parts = blocks(buf, 2 * max(1, channels // 2))
-    trees = [(node, blocks(part, nccl_trees.chunks(part.numel(), buf.element_size())))
+    trees = [(node, nccl_trees.SCHEDULE.cut(part))
              for node, part in zip(nccl_trees.nodes(comm.rank, p, k, channels), parts)]
     # 1. every channel's part up and down its tree, a chunk a tick behind the last
     up_and_down(comm, trees, nccl_trees.heights(p, k, channels), op)
@@ -282,34 +283,21 @@ def up_and_down(comm: Comm, trees: list[tuple[double_tree.Node, list[torch.Tenso
                 heights: list[int], op: object) -> None:
     """Reduce every tree's chunks up to its root and broadcast them back down,
     chunk j + 1 a tick behind chunk j, all trees in the same ticks (``heights``:
-    each tree's height); one step a tick, so that the reduce of one chunk overlaps
-    the broadcast of another (NCCL's ``runTreeSplit``, ``src/device/all_reduce.h``,
-    where the two halves are separate groups of threads)."""
-    fan_in = sum(len(node.down) for node, _ in trees)
-    most = max((c.numel() for _, chunk in trees for c in chunk[:1]), default=0)
-    slots = comm.scratch(fan_in * most, trees[0][1][0]) if trees else None
-    ticks = max((2 * h + len(chunk) - 1 for h, (_, chunk) in zip(heights, trees)),
-                default=0)
-    for tick in range(ticks):
-        up, down, adds, copies = [], [], [], []
-        for height, (node, chunk) in zip(heights, trees, strict=True):
-            rise = tick - (height - node.depth)  # the chunk I send up at this tick
-            fall = tick - (height + node.depth)  # the chunk I send down at this tick
-            # 1. up: my children's chunk rise+1 is reduced into mine, chunk rise goes
-            #    to my parent
-            adds += [(c, x, None) for x in _due(chunk, rise + 1) for c in node.down]
-            up += [(q, x) for x in _due(chunk, rise) for q in node.up]
-            # 2. down: the finished chunk fall+1 comes from my parent, chunk fall goes
-            #    on to my children
-            copies += [(q, x) for x in _due(chunk, fall + 1) for q in node.up]
-            down += [(c, x) for x in _due(chunk, fall) for c in node.down]
-        # partial results are received before finished chunks, and sent in that order
-        at_once.exchange_reduce(comm, up + down, adds, op, slots, copies)
-
-
-def _due(chunks: list[torch.Tensor], j: int) -> list[torch.Tensor]:
-    """``[chunks[j]]`` if there is a chunk ``j``, else ``[]``."""
-    return chunks[j:j + 1] if j >= 0 else []
+    each tree's height), so that the reduce of one chunk overlaps the broadcast of
+    another: NCCL's ``runTreeUpDown`` and ``runTreeSplit``
+    (``src/device/all_reduce.h``), as a plan of
+    :class:`~colltutor.collectives.primitives.Ticks`."""
+    plan = primitives.Ticks()
+    for height, (node, chunk) in zip(heights, trees, strict=True):
+        for j, x in enumerate(chunk):
+            # 1. up: my children's chunk j is reduced into mine, which goes to my
+            #    parent when the wave reaches my depth
+            plan.recv_reduce_send(j + height - node.depth, node.down, x, node.up)
+            # 2. down: the finished chunk j comes from my parent and goes on to my
+            #    children
+            plan.recv_copy_send(j + height + node.depth, node.up, x, node.down)
+    plan.run(comm, op, max((2 * h + len(chunk) - 1
+                            for h, (_, chunk) in zip(heights, trees)), default=0))
 
 
 @algorithm("all_reduce", chapter=11,
