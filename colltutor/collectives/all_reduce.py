@@ -52,8 +52,9 @@ price of twice as many messages of half the length.  It depends on the number of
 ranks alone, since every rank must cut the ring the same way."""
 
 
-def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
-    """``(segment bytes, columns in flight)`` for :func:`pipelined_ring`.
+def ring_schedule(block_bytes: int, p: int) -> primitives.Schedule:
+    """How :func:`pipelined_ring` cuts its blocks: segment bytes, and columns in
+    flight (its depth).
 
     A block that fits one segment (:data:`~colltutor.p2p.SEGMENT_BYTES`) makes a
     single column: the ring itself.  Otherwise two columns in flight on up to
@@ -63,17 +64,19 @@ def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
     """
     most = p2p.SEGMENT_BYTES
     if block_bytes <= most:
-        return most, 1
+        return primitives.Schedule(segment_bytes=most, depth=1)
     columns = 2 if p <= TWO_COLUMNS_UP_TO else 1
-    return min(most, max(256 << 10, RING_BYTES // (columns * p))), columns
+    return primitives.Schedule(
+        segment_bytes=min(most, max(256 << 10, RING_BYTES // (columns * p))),
+        depth=columns)
 
 
 def _pipelined_terms(p: int, n: float) -> tuple[float, float, float]:
     """k columns, d in flight: 2(p-1) ceil(k/d) alphas; the ring's bytes; with two
     in flight only the last column's reductions are not hidden behind a transfer."""
     block = -(-int(n) // p)
-    segment, depth = ring_schedule(block, p)
-    k = max(1, -(-block // segment))
+    schedule = ring_schedule(block, p)
+    k, depth = max(1, -(-block // schedule.segment_bytes)), schedule.depth
     hidden = k if depth == 2 else 1
     return 2 * (p - 1) * -(-k // depth), 2 * frac(p) * n, frac(p) * n / hidden
 
@@ -161,11 +164,12 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     All-Reduce.
     """
     block = -(-buf.numel() // comm.size) * buf.element_size()
-    segment, depth = ring_schedule(block, comm.size)
-    k = -(-block // (segment * depth))  # columns of `depth` segments of each block
+    schedule = ring_schedule(block, comm.size)
+    # columns of `depth` segments of each block
+    k = -(-block // (schedule.segment_bytes * schedule.depth))
     # 1. each column goes all the way round the ring before the next one enters
     for j in range(k):
-        ring(comm.column(k, j, segment), buf, op)
+        ring(comm.column(k, j, schedule.segment_bytes), buf, op)
 
 
 @algorithm("all_reduce", shape="lg p messages of the whole buffer",
