@@ -289,7 +289,7 @@ def up_and_down(comm: Comm, trees: list[tuple[double_tree.Node, list[torch.Tenso
     chunk j + 1 a tick behind chunk j, all trees in the same ticks (``heights``:
     each tree's height), so that the reduce of one chunk overlaps the broadcast of
     another: NCCL's ``runTreeUpDown`` and ``runTreeSplit``
-    (``src/device/all_reduce.h``), as a plan of
+    (``src/device/all_reduce.h`` lines 86 and 146, NCCL 2.30.7), as a plan of
     :class:`~colltutor.collectives.primitives.Ticks`."""
     plan = primitives.Ticks()
     for height, (node, chunk) in zip(heights, trees, strict=True):

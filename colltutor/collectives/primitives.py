@@ -1,7 +1,7 @@
 """The primitives that schedules are built from (Chapter 11).
 
 NCCL writes each algorithm as a page of calls to a few primitives, one per step of
-its diagram (``runTreeUpDown`` in ``src/device/all_reduce.h``, NCCL 2.30.7:
+its diagram (``runTreeUpDown``, ``src/device/all_reduce.h`` line 86, NCCL 2.30.7:
 ``directRecvReduceDirectSend`` up the tree, ``directRecvCopyDirectSend`` down
 it), and keeps chunking, slots in flight and buffers inside the primitives
 (``src/device/prims_simple.h``).  These are colltutor's, on top of
