@@ -151,7 +151,11 @@ def test_ring_schedule_keeps_the_ring_in_cache() -> None:
     columns in flight, p segments each, share RING_BYTES (segments up to 2 MiB,
     not under 256 KiB); the cost model counts the same columns."""
     from colltutor.collectives import all_reduce
-    from colltutor.collectives.all_reduce import RING_BYTES, ring_schedule
+    from colltutor.collectives.all_reduce import RING_BYTES
+
+    def ring_schedule(block_bytes: int, p: int) -> tuple[int | None, int]:
+        schedule = all_reduce.ring_schedule(block_bytes, p)
+        return schedule.segment_bytes, schedule.depth
 
     MiB = 1 << 20
     assert ring_schedule(2 * MiB, 4) == (2 * MiB, 1)  # one column: the ring

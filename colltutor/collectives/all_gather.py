@@ -14,7 +14,14 @@ from itertools import accumulate
 
 import torch
 
-from colltutor.collectives import at_once, fold, hierarchy, pat_steps, rails
+from colltutor.collectives import (
+    at_once,
+    fold,
+    hierarchy,
+    pat_steps,
+    primitives,
+    rails,
+)
 from colltutor.formulas import doubling, folds, frac, lg, lgq, uniform
 from colltutor.p2p import Comm, block_sizes, blocks
 from colltutor.registry import algorithm
@@ -183,10 +190,10 @@ def pat(comm: Comm, buf: torch.Tensor, buffer_bytes: int = pat_steps.BUFFER_BYTE
         #    rank+d's arrives at offsets d, 3d, ...
         for d in pat_steps.dimensions(p):
             for group in pat_steps.transfers(p, d, per):
-                pat_steps.transfer(comm, [chunk[(rank + t) % p] for t in group],
-                                   (rank - d) % p,
-                                   [chunk[(rank + d + t) % p] for t in group],
-                                   (rank + d) % p, staging)
+                primitives.sendrecv_packed(
+                    comm, [chunk[(rank + t) % p] for t in group], (rank - d) % p,
+                    [chunk[(rank + d + t) % p] for t in group], (rank + d) % p,
+                    staging=staging)
 
 
 @algorithm("all_gather", chapter=11,

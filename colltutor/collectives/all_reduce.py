@@ -19,6 +19,7 @@ from colltutor.collectives import (
     fold,
     hierarchy,
     nccl_trees,
+    primitives,
     rails,
     reduce,
     reduce_scatter,
@@ -51,8 +52,9 @@ price of twice as many messages of half the length.  It depends on the number of
 ranks alone, since every rank must cut the ring the same way."""
 
 
-def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
-    """``(segment bytes, columns in flight)`` for :func:`pipelined_ring`.
+def ring_schedule(block_bytes: int, p: int) -> primitives.Schedule:
+    """How :func:`pipelined_ring` cuts its blocks: segment bytes, and columns in
+    flight (its depth).
 
     A block that fits one segment (:data:`~colltutor.p2p.SEGMENT_BYTES`) makes a
     single column: the ring itself.  Otherwise two columns in flight on up to
@@ -62,17 +64,19 @@ def ring_schedule(block_bytes: int, p: int) -> tuple[int, int]:
     """
     most = p2p.SEGMENT_BYTES
     if block_bytes <= most:
-        return most, 1
+        return primitives.Schedule(segment_bytes=most, depth=1)
     columns = 2 if p <= TWO_COLUMNS_UP_TO else 1
-    return min(most, max(256 << 10, RING_BYTES // (columns * p))), columns
+    return primitives.Schedule(
+        segment_bytes=min(most, max(256 << 10, RING_BYTES // (columns * p))),
+        depth=columns)
 
 
 def _pipelined_terms(p: int, n: float) -> tuple[float, float, float]:
     """k columns, d in flight: 2(p-1) ceil(k/d) alphas; the ring's bytes; with two
     in flight only the last column's reductions are not hidden behind a transfer."""
     block = -(-int(n) // p)
-    segment, depth = ring_schedule(block, p)
-    k = max(1, -(-block // segment))
+    schedule = ring_schedule(block, p)
+    k, depth = max(1, -(-block // schedule.segment_bytes)), schedule.depth
     hidden = k if depth == 2 else 1
     return 2 * (p - 1) * -(-k // depth), 2 * frac(p) * n, frac(p) * n / hidden
 
@@ -160,11 +164,12 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, op: object) -> None:
     All-Reduce.
     """
     block = -(-buf.numel() // comm.size) * buf.element_size()
-    segment, depth = ring_schedule(block, comm.size)
-    k = -(-block // (segment * depth))  # columns of `depth` segments of each block
+    schedule = ring_schedule(block, comm.size)
+    # columns of `depth` segments of each block
+    k = -(-block // (schedule.segment_bytes * schedule.depth))
     # 1. each column goes all the way round the ring before the next one enters
     for j in range(k):
-        ring(comm.column(k, j, segment), buf, op)
+        ring(comm.column(k, j, schedule.segment_bytes), buf, op)
 
 
 @algorithm("all_reduce", shape="lg p messages of the whole buffer",
@@ -271,7 +276,7 @@ def nccl_tree(comm: Comm, buf: torch.Tensor, op: object, channels: int = 2,
     """
     p, k = comm.size, hierarchy.ranks_per_node(comm.size, k)
     parts = blocks(buf, 2 * max(1, channels // 2))
-    trees = [(node, blocks(part, nccl_trees.chunks(part.numel(), buf.element_size())))
+    trees = [(node, nccl_trees.SCHEDULE.cut(part))
              for node, part in zip(nccl_trees.nodes(comm.rank, p, k, channels), parts)]
     # 1. every channel's part up and down its tree, a chunk a tick behind the last
     up_and_down(comm, trees, nccl_trees.heights(p, k, channels), op)
@@ -282,34 +287,21 @@ def up_and_down(comm: Comm, trees: list[tuple[double_tree.Node, list[torch.Tenso
                 heights: list[int], op: object) -> None:
     """Reduce every tree's chunks up to its root and broadcast them back down,
     chunk j + 1 a tick behind chunk j, all trees in the same ticks (``heights``:
-    each tree's height); one step a tick, so that the reduce of one chunk overlaps
-    the broadcast of another (NCCL's ``runTreeSplit``, ``src/device/all_reduce.h``,
-    where the two halves are separate groups of threads)."""
-    fan_in = sum(len(node.down) for node, _ in trees)
-    most = max((c.numel() for _, chunk in trees for c in chunk[:1]), default=0)
-    slots = comm.scratch(fan_in * most, trees[0][1][0]) if trees else None
-    ticks = max((2 * h + len(chunk) - 1 for h, (_, chunk) in zip(heights, trees)),
-                default=0)
-    for tick in range(ticks):
-        up, down, adds, copies = [], [], [], []
-        for height, (node, chunk) in zip(heights, trees, strict=True):
-            rise = tick - (height - node.depth)  # the chunk I send up at this tick
-            fall = tick - (height + node.depth)  # the chunk I send down at this tick
-            # 1. up: my children's chunk rise+1 is reduced into mine, chunk rise goes
-            #    to my parent
-            adds += [(c, x, None) for x in _due(chunk, rise + 1) for c in node.down]
-            up += [(q, x) for x in _due(chunk, rise) for q in node.up]
-            # 2. down: the finished chunk fall+1 comes from my parent, chunk fall goes
-            #    on to my children
-            copies += [(q, x) for x in _due(chunk, fall + 1) for q in node.up]
-            down += [(c, x) for x in _due(chunk, fall) for c in node.down]
-        # partial results are received before finished chunks, and sent in that order
-        at_once.exchange_reduce(comm, up + down, adds, op, slots, copies)
-
-
-def _due(chunks: list[torch.Tensor], j: int) -> list[torch.Tensor]:
-    """``[chunks[j]]`` if there is a chunk ``j``, else ``[]``."""
-    return chunks[j:j + 1] if j >= 0 else []
+    each tree's height), so that the reduce of one chunk overlaps the broadcast of
+    another: NCCL's ``runTreeUpDown`` and ``runTreeSplit``
+    (``src/device/all_reduce.h`` lines 86 and 146, NCCL 2.30.7), as a plan of
+    :class:`~colltutor.collectives.primitives.Ticks`."""
+    plan = primitives.Ticks()
+    for height, (node, chunk) in zip(heights, trees, strict=True):
+        for j, x in enumerate(chunk):
+            # 1. up: my children's chunk j is reduced into mine, which goes to my
+            #    parent when the wave reaches my depth
+            plan.recv_reduce_send(j + height - node.depth, node.down, x, node.up)
+            # 2. down: the finished chunk j comes from my parent and goes on to my
+            #    children
+            plan.recv_copy_send(j + height + node.depth, node.up, x, node.down)
+    plan.run(comm, op, max((2 * h + len(chunk) - 1
+                            for h, (_, chunk) in zip(heights, trees)), default=0))
 
 
 @algorithm("all_reduce", chapter=11,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from colltutor.collectives import all_gather
+from colltutor.collectives import all_gather, primitives
 from colltutor.formulas import frac, lg, uniform
 from colltutor.p2p import Comm
 from colltutor.registry import algorithm
@@ -91,10 +91,11 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
     p x p sizes with a Bruck all-gather of each rank's p sizes (int64).
     Steps: 2 ceil(lg p) (ceil(lg p) with ``counts``); each rank sends about
     (n/2) lg p.  Cost: ceil(lg p) alpha + (n/2) lg p beta (plus the
-    size exchange and local packing).  Extra memory: the packed message sent and
-    the one received, n in all; blocks halfway through their journey wait in
-    the outputs where their positions end (with blocks of different sizes, those
-    that do not fit wait in the message they came in).
+    size exchange and local packing,
+    :func:`~colltutor.collectives.primitives.sendrecv_packed`).  Extra memory: the
+    packed message sent and the one received, n in all; blocks halfway through
+    their journey wait in the outputs where their positions end (with blocks of
+    different sizes, those that do not fit wait in memory of their own).
     Chapter 7, All-to-All.
     """
     p, rank = comm.size, comm.rank
@@ -106,23 +107,19 @@ def bruck(comm: Comm, outputs: Blocks, inputs: Blocks, counts: Counts = None
     d = 1
     while d < p:
         moving = [i for i in range(1, p) if i & d]
-        # 3. pack what moves; what arrives started at rank - d - (the part of i < d)
-        packed = torch.cat([held[i] for i in moving])
-        for i in moving:  # let go of it, so that the message it came in can be freed
-            held[i] = None
+        # 3. what arrives started at rank - d - (the part of i below d); a block
+        #    whose last move this is goes home, the others wait in the output
+        #    their position ends in (free until then), if they fit
         srcs = [(rank - d - (i & (d - 1))) % p for i in moving]
         lengths = [sizes[s][(s + i) % p] for s, i in zip(srcs, moving, strict=True)]
-        arrived = packed.new_empty(sum(lengths))
-        comm.sendrecv(packed, (rank + d) % p, arrived, (rank - d) % p)
-        # 4. unpack: a block whose last move this was goes home; the others wait
-        #    in the output their position ends in (free until then), if they fit
-        for i, part in zip(moving, arrived.split_with_sizes(lengths), strict=True):
-            home = outputs[(rank - i) % p]
-            if i < 2 * d or home.numel() == part.numel():
-                held[i] = home.copy_(part)
-            else:
-                held[i] = part
-        del packed, arrived, part  # before the next step allocates its own
+        homes = [outputs[(rank - i) % p] for i in moving]
+        into = [home if i < 2 * d or home.numel() == length else home.new_empty(length)
+                for i, home, length in zip(moving, homes, lengths, strict=True)]
+        # 4. what moves goes to rank+d in one packed message
+        primitives.sendrecv_packed(comm, [held[i] for i in moving], (rank + d) % p,
+                                   into, (rank - d) % p)
+        for i, block in zip(moving, into, strict=True):
+            held[i] = block
         d *= 2
 
 

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from colltutor.collectives import all_gather, scatter, tree
+from colltutor.collectives import all_gather, primitives, scatter, tree
 from colltutor.formulas import doubling, frac, lg, root_only, then, tree_down, uniform
-from colltutor.p2p import Comm, blocks
+from colltutor.p2p import Comm
 from colltutor.registry import PerRank, algorithm
 
 BREAK_EVEN_BYTES = 64 * 1024
@@ -39,10 +39,17 @@ def default_segments(nbytes: int, p: int) -> int:
     return max(1, round(math.sqrt(max(p - 2, 0) * nbytes / BREAK_EVEN_BYTES)))
 
 
+def chain_schedule(nbytes: int, p: int, segments: int | None = None
+                   ) -> primitives.Schedule:
+    """How :func:`pipelined_ring` cuts ``nbytes``: ``segments`` segments
+    (:func:`default_segments` unless given); its counts and cost read it too."""
+    return primitives.Schedule(segments=segments or default_segments(nbytes, p))
+
+
 def _chain(p: int, n: int, b: int, s: int, segments: int | None = None) -> PerRank:
     """The pipelined chain's counts: each rank but the last forwards k segments;
     the p-1 hops and the k segments behind the first overlap: p + k - 2 rounds."""
-    k = max(1, min(segments or default_segments(n * s, p), n))
+    k = chain_schedule(n * s, p, segments).count(n, s)
     return p + k - 2, [(k, n * s)] * (p - 1) + [(0, 0)]
 
 
@@ -50,7 +57,7 @@ def _chain_terms(p: int, n: float, segments: int | None = None
                  ) -> tuple[float, float, float]:
     """The pipelined chain's terms with ``segments`` segments (by default the
     count it picks itself)."""
-    k = segments or default_segments(int(n), p)
+    k = chain_schedule(int(n), p, segments).segments
     return p + k - 2, (p + k - 2) * n / k, 0.0
 
 
@@ -103,10 +110,12 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
                    segments: int | None = None) -> None:
     """Broadcast along the chain root -> root+1 -> ... -> root-1, in segments.
 
-    The buffer is cut into ``k`` segments (:func:`default_segments` unless
-    ``segments`` is given).  A rank forwards segment ``s`` to the ``right`` while
-    segment ``s + 1`` arrives from the ``left``: two segments in flight, so every
-    link of the chain is busy at once once the pipeline has filled.
+    The buffer is cut into ``k`` segments (:func:`chain_schedule`:
+    :func:`default_segments` unless ``segments`` is given).  A rank forwards
+    segment ``s`` to the ``right`` while segment ``s + 1`` arrives from the
+    ``left`` (:func:`~colltutor.collectives.primitives.forward`): two segments in
+    flight, so every link of the chain is busy at once once the pipeline has
+    filled.
     Steps: ``k`` per rank, ``p + k - 2`` from start to end.  Bytes: every rank but
     the root receives ``n`` and every rank but the last sends ``n``.
     Cost: ``(p + k - 2)(alpha + (n/k) beta)``, about ``n beta`` for large ``n``.
@@ -115,22 +124,11 @@ def pipelined_ring(comm: Comm, buf: torch.Tensor, root: int,
     p = comm.size
     vrank = (comm.rank - root) % p
     left, right = (comm.rank - 1) % p, (comm.rank + 1) % p
-    k = segments or default_segments(buf.numel() * buf.element_size(), p)
-    segs = blocks(buf, max(1, min(k, buf.numel())))
-
-    def from_left(s: int) -> list:
-        return [(left, segs[s])] if vrank > 0 and s < len(segs) else []
-
-    def to_right(s: int) -> list:
-        return [(right, segs[s])] if vrank < p - 1 else []
-
-    # 1. post the receive of the first segment (nothing to receive at the root)
-    arriving = comm.post(recvs=from_left(0))
-    for s in range(len(segs)):
-        # 2. once segment s is here, forward it while segment s+1 arrives
-        arriving.wait()
-        arriving = comm.post(sends=to_right(s), recvs=from_left(s + 1))
-    arriving.wait()
+    schedule = chain_schedule(buf.numel() * buf.element_size(), p, segments)
+    # 1. each segment comes from the left (the root has them all) and goes on to the
+    #    right (the last rank keeps it), the next one arriving meanwhile
+    primitives.forward(comm, schedule.cut(buf), left if vrank > 0 else None,
+                       right if vrank < p - 1 else None)
 
 
 @algorithm("broadcast", shape="a binomial scatter then an all-gather",

@@ -21,6 +21,7 @@ import functools
 
 from colltutor.collectives import hierarchy
 from colltutor.collectives.double_tree import Node
+from colltutor.collectives.primitives import Schedule
 from colltutor.p2p import block_sizes
 from colltutor.registry import PerRank
 
@@ -31,6 +32,10 @@ CHUNK_BYTES = (1 << 22) // NCCL_STEPS
 """The tree's chunk with the Simple protocol, one step of the 4 MiB buffer
 (``DEFAULT_BUFFSIZE``, ``src/init.cc``; ``calcCollChunking`` in ``src/enqueue.cc``
 gives the tree one step a chunk where the ring gets ``ALLREDUCE_CHUNKSTEPS``)."""
+
+SCHEDULE = Schedule(segment_bytes=CHUNK_BYTES, depth=NCCL_STEPS)
+"""How a channel's part travels: in chunks of :data:`CHUNK_BYTES`, as many in flight
+as the FIFO has slots."""
 
 Links = tuple[int, int, int, int]
 """``(up, down0, down1, child type)`` of one node, ``-1`` for none, as
@@ -119,8 +124,8 @@ def _node(rank: int, p: int, k: int, pair: int, tree: int) -> Node:
 
 def chunks(numel: int, itemsize: int) -> int:
     """How many chunks a channel's part of ``numel`` elements travels in: one per
-    :data:`CHUNK_BYTES`, at least one."""
-    return max(1, min(-(-numel * itemsize // CHUNK_BYTES), numel))
+    :data:`CHUNK_BYTES`, at least one (:data:`SCHEDULE`)."""
+    return SCHEDULE.count(numel, itemsize)
 
 
 def counts(p: int, n: int, s: int, channels: int = 2, k: int | None = None

@@ -25,11 +25,8 @@ the size of the collective.
 
 from __future__ import annotations
 
-import torch
-
-from colltutor import ops
 from colltutor.formulas import frac, lg
-from colltutor.p2p import Comm, block_sizes
+from colltutor.p2p import block_sizes
 from colltutor.registry import PerRank
 
 BUFFER_BYTES = 1 << 18
@@ -65,24 +62,6 @@ def transfers(p: int, d: int, per: int) -> list[range]:
     """The offsets crossing distance ``d``, ``per`` to a transfer."""
     crossing = offsets(p, d)
     return [crossing[i:i + per] for i in range(0, len(crossing), per)]
-
-
-def transfer(comm: Comm, out: list[torch.Tensor], dst: int, into: list[torch.Tensor],
-             src: int, staging: torch.Tensor, op: object = None) -> None:
-    """One aggregated transfer: the pieces ``out``, packed into the first half of
-    ``staging``, go to ``dst`` while ``src``'s pieces arrive in the second half and
-    are copied into ``into`` (combined into them with ``op``, if given)."""
-    half = staging.numel() // 2
-    packed = staging.narrow(0, 0, sum(t.numel() for t in out))
-    landing = staging.narrow(0, half, sum(t.numel() for t in into))
-    torch.cat(out, out=packed)
-    comm.sendrecv(packed, dst, landing, src)
-    for arrived, target in zip(landing.split([t.numel() for t in into]), into,
-                               strict=True):
-        if op is None:
-            target.copy_(arrived)
-        else:
-            ops.combine(op, target, arrived)
 
 
 # -- what they send: counts and cost terms -------------------------------------------

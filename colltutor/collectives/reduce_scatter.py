@@ -18,7 +18,14 @@ from __future__ import annotations
 import torch
 
 from colltutor import ops
-from colltutor.collectives import at_once, fold, hierarchy, pat_steps, rails
+from colltutor.collectives import (
+    at_once,
+    fold,
+    hierarchy,
+    pat_steps,
+    primitives,
+    rails,
+)
 from colltutor.formulas import folds, frac, halving, lgq, uniform
 from colltutor.p2p import Comm, place
 from colltutor.registry import algorithm
@@ -196,10 +203,10 @@ def pat(comm: Comm, buf: torch.Tensor, op: object, work: torch.Tensor | None = N
         #    rank+d; rank-d's for offsets 0, 2d, ... are reduced into mine
         for d in reversed(pat_steps.dimensions(p)):
             for group in pat_steps.transfers(p, d, per):
-                pat_steps.transfer(comm, [chunk[(rank + d + t) % p] for t in group],
-                                   (rank + d) % p,
-                                   [chunk[(rank + t) % p] for t in group],
-                                   (rank - d) % p, staging, op)
+                primitives.sendrecv_packed(
+                    comm, [chunk[(rank + d + t) % p] for t in group], (rank + d) % p,
+                    [chunk[(rank + t) % p] for t in group], (rank - d) % p, op,
+                    staging)
     ops.finish(op, comm.blocks(acc)[rank], p)
 
 
