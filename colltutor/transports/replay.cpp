@@ -32,6 +32,12 @@
 #include <simgrid/s4u.hpp>
 #include <simgrid/version.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -55,39 +61,48 @@ namespace {
 enum : int64_t { POST = 0, WAIT = 1, REDUCE = 2 };  // schedule.py's entry kinds
 
 struct Schedule {  // schedule.py's file: b"CTSCHED2", ranks, endpoints, lengths, entries
-  std::vector<int64_t> data;
+  std::shared_ptr<void> mapping;  // the file, mapped
+  const int64_t* data = nullptr;  // its entries
   std::vector<size_t> start;  // endpoint e's entries: data[start[e] .. start[e + 1])
   size_t ranks = 0;           // endpoint e lives on rank e % ranks
   size_t endpoints() const { return start.size() - 1; }
 };
 
+// The record, mapped from its file rather than copied: no copy, no zeroed pages.
 Schedule read_schedule(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr)
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0)
     throw std::runtime_error("cannot open " + path);
-  char magic[8];
-  int64_t head[2] = {0, 0};  // ranks, endpoints
-  if (std::fread(magic, 1, 8, f) != 8 || std::memcmp(magic, "CTSCHED2", 8) != 0 ||
-      std::fread(head, 8, 2, f) != 2 || head[0] <= 0 || head[1] < head[0])
-    throw std::runtime_error(path + " is not a colltutor schedule");
-  std::vector<int64_t> lengths(head[1]);
-  if (std::fread(lengths.data(), 8, head[1], f) != static_cast<size_t>(head[1]))
-    throw std::runtime_error(path + " is cut short");
+  struct stat st {};
+  void* map = fstat(fd, &st) == 0 && st.st_size > 0
+                  ? mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0)
+                  : MAP_FAILED;
+  close(fd);
+  if (map == MAP_FAILED)
+    throw std::runtime_error("cannot map " + path);
+  auto bytes = static_cast<size_t>(st.st_size);
   Schedule s;
-  s.ranks = static_cast<size_t>(head[0]);
-  s.start.push_back(0);
-  for (int64_t n : lengths)
-    s.start.push_back(s.start.back() + n);
-  s.data.resize(s.start.back());
-  if (std::fread(s.data.data(), 8, s.data.size(), f) != s.data.size())
+  s.mapping = std::shared_ptr<void>(map, [bytes](void* m) { munmap(m, bytes); });
+  madvise(map, bytes, MADV_WILLNEED);
+  const auto* head = static_cast<const int64_t*>(map);  // magic, ranks, endpoints
+  if (bytes < 24 || std::memcmp(map, "CTSCHED2", 8) != 0 || head[1] <= 0 || head[2] < head[1])
+    throw std::runtime_error(path + " is not a colltutor schedule");
+  auto endpoints = static_cast<size_t>(head[2]);
+  if (bytes < 24 + 8 * endpoints)
     throw std::runtime_error(path + " is cut short");
-  std::fclose(f);
+  s.ranks = static_cast<size_t>(head[1]);
+  s.start.push_back(0);
+  for (size_t e = 0; e < endpoints; e++)
+    s.start.push_back(s.start.back() + static_cast<size_t>(head[3 + e]));
+  s.data = head + 3 + endpoints;
+  if (bytes != 8 * (3 + endpoints + s.start.back()))
+    throw std::runtime_error(path + " is cut short");
   return s;
 }
 
 // Calls fn(peer, bytes, is_send) for every message rank r posts.
 template <class F> void each_message(const Schedule& s, size_t r, F fn) {
-  const int64_t* log = s.data.data() + s.start[r];
+  const int64_t* log = s.data + s.start[r];
   size_t n = s.start[r + 1] - s.start[r];
   for (size_t i = 0; i < n;) {
     if (log[i] == POST) {
@@ -385,7 +400,7 @@ private:
     double owed = 0;
     if (job_.start(r) != 0)
       sg4::this_actor::sleep_for(job_.start(r));
-    const int64_t* log = s_.data.data() + s_.start[r];
+    const int64_t* log = s_.data + s_.start[r];
     size_t n = s_.start[r + 1] - s_.start[r];
     size_t posted = 0;
     each_message(s_, r, [&posted](int64_t, int64_t, bool) { posted++; });
@@ -484,7 +499,11 @@ struct Rank : Waker {  // where a rank is in its record
   size_t r = 0, i = 0;
   int stage = 0;  // the step within entry i that it is at
   double owed = 0;
+  // Its handles: handle h in slot h & mask of a window that holds every handle
+  // posted and not yet waited for the last time (sized from the record), so the
+  // handles in use stay in the cache.
   std::vector<Note> notes;
+  size_t posted = 0, mask = 0;
   sg4::ExecPtr exec;
   Rank() : Waker{false} {}
 };
@@ -537,13 +556,22 @@ public:
 class EventWorld : public Tally {
 public:
   EventWorld(const Schedule& schedule, Job job) : Tally(schedule), s_(schedule), job_(std::move(job)) {
+    std::set<sg4::Host*> hosts(job_.hosts.begin(), job_.hosts.end());
+    alone_ = s_.endpoints() == job_.hosts.size() && hosts.size() == job_.hosts.size();
     ranks_.resize(s_.endpoints());
     for (size_t r = 0; r < s_.endpoints(); r++) {
       ranks_[r].r = r;
-      size_t posted = 0;
-      each_message(s_, r, [&posted](int64_t, int64_t, bool) { posted++; });
-      ranks_[r].notes.reserve(posted);
+      size_t window = 1;
+      while (window < handles_in_use(r))
+        window *= 2;
+      ranks_[r].notes.resize(window);
+      ranks_[r].mask = window - 1;
     }
+  }
+
+  ~EventWorld() {
+    for (Letter* m : spare_)
+      delete m;
   }
 
   void start() {
@@ -566,9 +594,45 @@ private:
   std::vector<Rank> ranks_;
   std::unordered_map<uint64_t, Wire> wires_;
   std::deque<size_t> ready_;  // ranks to advance now
+  std::vector<Letter*> spare_;  // messages delivered, for reuse
+  // Every endpoint alone on its host: a rank's CPU time (one stretch at a time)
+  // then never shares the host, and ends after flops / speed, as SimGrid's CPU
+  // model would give it, with a timer rather than an activity.
+  bool alone_ = false;
   bool draining_ = false;
   std::vector<sg4::ActivityPtr> retired_;  // completed; released at the next event
   MaestroList maestro_;
+
+  // The most handles endpoint e holds at once: at each wait for handle h, those
+  // posted since h, and h.
+  size_t handles_in_use(size_t e) const {
+    const int64_t* log = s_.data + s_.start[e];
+    size_t n = s_.start[e + 1] - s_.start[e], posted = 0, most = 1;
+    for (size_t i = 0; i < n;) {
+      if (log[i] == POST) {
+        posted += static_cast<size_t>(log[i + 1] + log[i + 2]);
+        i += 3 + 2 * static_cast<size_t>(log[i + 1] + log[i + 2]);
+        continue;
+      }
+      if (log[i] == WAIT) {
+        auto h = static_cast<size_t>(log[i + 1]);
+        if (h >= posted)
+          throw std::runtime_error("a record waits on a message it has not posted");
+        most = std::max(most, posted - h);
+      }
+      i += 2;
+    }
+    return most;
+  }
+
+  Letter* letter() {  // a fresh message, from the ones delivered before
+    if (spare_.empty())
+      return new Letter();
+    Letter* m = spare_.back();
+    spare_.pop_back();
+    *m = Letter();
+    return m;
+  }
 
   Wire& wire(size_t src, size_t dst) {
     Wire& w = wires_[src * s_.endpoints() + dst];
@@ -632,7 +696,7 @@ private:
 
   void release(Letter* m) {
     if (--m->refs == 0)
-      delete m;
+      spare_.push_back(m);
   }
 
   void transmit(Letter* m) {
@@ -659,7 +723,7 @@ private:
       m = w.wanted.front();
       w.wanted.pop_front();
     } else {
-      m = new Letter();
+      m = letter();
       m->wire = &w;
       w.sent.push_back(m);
     }
@@ -681,7 +745,7 @@ private:
         transmit(m);
       return m;
     }
-    auto* m = new Letter();
+    auto* m = letter();
     m->wire = &w;
     w.wanted.push_back(m);
     return m;
@@ -691,6 +755,13 @@ private:
   bool settle(Rank& k) {
     if (k.owed == 0)
       return false;
+    if (alone_) {  // the host's one rank computes alone: flops / speed, a timer
+      double due = sg4::Engine::get_clock() + k.owed / job_.host(k.r)->get_speed();
+      size_t r = k.r;
+      k.owed = 0;
+      simgrid::kernel::timer::Timer::set(due, [this, r] { woken(r); });
+      return true;
+    }
     k.exec = sg4::Exec::init();
     k.exec->set_flops_amount(k.owed)->set_host(job_.host(k.r));
     k.exec->set_data(static_cast<Waker*>(&k));
@@ -710,13 +781,15 @@ private:
     int64_t sends = entry[1], recvs = entry[2];
     const int64_t* peer = entry + 3;
     for (int64_t j = 0; j < recvs; j++, peer += 2) {
-      Note& h = k.notes.emplace_back();
+      Note& h = k.notes[k.posted++ & k.mask];
+      h = Note();
       h.kind = RECV;
       h.wire = &wire(static_cast<size_t>(peer[0]), k.r);
       h.letter = post_recv(*h.wire);
     }
     for (int64_t j = 0; j < sends; j++, peer += 2) {
-      Note& h = k.notes.emplace_back();
+      Note& h = k.notes[k.posted++ & k.mask];
+      h = Note();
       h.wire = &wire(k.r, static_cast<size_t>(peer[0]));
       h.kind = job_.fifo ? CREDIT : SEND;
       Letter* m = post_send(*h.wire, peer[1]);
@@ -731,7 +804,7 @@ private:
   // Runs rank k's record from where it stopped until it must wait: the actor's
   // program (ActorWorld::rank and wait), cut at each blocking call.
   void advance(Rank& k) {
-    const int64_t* log = s_.data.data() + s_.start[k.r];
+    const int64_t* log = s_.data + s_.start[k.r];
     size_t n = s_.start[k.r + 1] - s_.start[k.r];
     while (k.i < n) {
       where_[k.r] = k.i;
@@ -752,7 +825,7 @@ private:
         k.stage = 0;
         continue;
       }
-      Note& h = k.notes.at(static_cast<size_t>(entry[1]));  // WAIT
+      Note& h = k.notes[static_cast<size_t>(entry[1]) & k.mask];  // WAIT
       if (!wait(k, h))
         return;
       k.i += 2;
