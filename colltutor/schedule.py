@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import multiprocessing
 import os
 import pathlib
 import tempfile
@@ -32,7 +33,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from colltutor import ops
+from colltutor import ops, p2p, runtime
 
 POST, WAIT, REDUCE = 0, 1, 2
 """The kinds of a record's entries.  ``POST, sends, recvs``, then ``(peer,
@@ -117,8 +118,6 @@ def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]
     The ranks are independent, so from :data:`PARALLEL_FROM` ranks on they are
     recorded in as many forked processes as there are cores.
     Raises :class:`Polls` for an algorithm that polls."""
-    from colltutor import runtime
-
     workers = min(runtime.cores(), size // PARALLEL_FROM)
     spans = [range(start, min(start + SPAN, size)) for start in range(0, size, SPAN)]
     ranks: list[list[array]] = []
@@ -145,8 +144,6 @@ _task: tuple[Callable[[Any], Any], int, Any] | None = None  # what forked worker
 
 def _record_span(span: range) -> list[list[array]]:
     """The logs of the ranks in ``span``, each run alone on a recorder."""
-    from colltutor import p2p
-
     program, size, device = _task
     out = []
     for rank in span:
@@ -169,8 +166,6 @@ def _spans_recorded(program: Callable[[Any], Any], size: int, device: Any,
         if workers < 2:
             yield lambda spans: map(_record_span, spans)
             return
-        import multiprocessing
-
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             yield lambda spans: pool.imap(_record_span, spans)
     finally:
@@ -199,8 +194,6 @@ def replayer(logs: list[array], reductions: bool) -> Callable[[Any], None]:
     endpoint's record on its simulated transport (one actor an endpoint:
     ``endpoints=len(logs)``); ``reductions``: charge the bytes reduced (the
     topology's ``gamma``)."""
-    from colltutor import runtime
-
     def program(comm: Any) -> None:
         transport = comm.transport
         world, rank = transport.world, transport.rank

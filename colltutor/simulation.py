@@ -21,12 +21,15 @@ uses this module.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import functools
 import inspect
 import math
 import os
+import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +47,10 @@ from colltutor import (
     tracing,
     tuning,
 )
+from colltutor.bench import FACTORS, human, parse_size
+from colltutor.runtime import run
 from colltutor.transports import simgrid as sim
+from colltutor.transports import simgrid_replay
 
 REAL_UP_TO = 1 << 24
 """Runs whose buffers hold at most this many bytes in all ranks together use real
@@ -110,7 +116,6 @@ class Result:
     @property
     def busbw(self) -> float:
         """algbw times the collective's bus factor, in GB/s (nccl-tests' busbw)."""
-        from colltutor.bench import FACTORS
 
         return self.algbw * FACTORS[self.collective](self.ranks)
 
@@ -170,7 +175,6 @@ def simulate(collective: str, nbytes: int, topology: str | clusters.Topology,
     install SimGrid, when it is not installed (``SimGridVersionError`` for a
     release it cannot use).
     """
-    from colltutor.runtime import run
 
     if not sim.available():
         raise sim.SimGridMissing()
@@ -384,10 +388,6 @@ def _replay(collective: str, nbytes: int, topology: Any, algorithm: Any, op_name
     (:mod:`colltutor.schedule`, kept in the directory ``cache``) on SimGrid's C++
     engine (:mod:`colltutor.transports.simgrid_replay`), or on the Python actors
     where that cannot be built; ``None`` when the algorithm polls."""
-    import shutil
-    import time
-
-    from colltutor.transports import simgrid_replay
 
     p, meta = topology.ranks, torch.device("meta")
     name = None if callable(algorithm) else schedule.key(
@@ -598,9 +598,6 @@ def nvls_multicaster(comm: p2p.Comm, count: int, dtype: torch.dtype,
 def main(argv: list[str] | None = None) -> int:
     """``python -m colltutor simulate all_reduce 1G h100-node -a ring nvls``: one
     row per algorithm (``-a all``: every one), nccl-tests' columns."""
-    import argparse
-
-    from colltutor.bench import human, parse_size
 
     ap = argparse.ArgumentParser(prog="colltutor simulate", description=main.__doc__)
     ap.add_argument("collective", type=contract.argument,  # any public spelling

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from colltutor import runtime
 from colltutor.clusters import DOWN, UP, Hop
 from colltutor.transports import simgrid as sim
 
@@ -216,6 +217,14 @@ def pairs(binary: pathlib.Path, schedule: pathlib.Path) -> list[tuple[int, int]]
     return list(zip(numbers[::2], numbers[1::2]))
 
 
+MALLOC = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=2000:"
+                            "glibc.malloc.trim_threshold=1000000000:"
+                            "glibc.malloc.top_pad=268435456"}
+"""glibc's allocator for the replayer, which makes and frees a few small objects a
+message: a larger per-thread cache of freed blocks, and no memory handed back to
+the system and asked for again as the heap breathes."""
+
+
 def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
         late: dict[int, float] | None = None, semantics: str = "lockstep",
         actors: bool = False) -> sim.Outcome:
@@ -246,7 +255,7 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
         with subprocess.Popen([str(binary), "run", f.name, str(schedule), *engine,
                                *config],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) as proc:
+                              text=True, env={**os.environ, **MALLOC}) as proc:
             errors = _follow(proc.stderr)
             out = proc.stdout.read()
             code = proc.wait()
@@ -270,8 +279,6 @@ def run(binary: pathlib.Path, schedule: pathlib.Path, topology: Any,
 def _follow(stream: Any) -> list[str]:
     """Read the replayer's stderr to its end: pass its progress lines (one a
     second) on to :func:`colltutor.runtime.progress`, keep the rest (errors)."""
-    from colltutor import runtime
-
     kept: list[str] = []
     total = 0
     for line in stream:
