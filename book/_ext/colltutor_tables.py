@@ -13,15 +13,16 @@ strings) read from ``book/data/*.json``, which the benchmarks wrote.  So a table
 the book is the stored run, never a copy typed by hand; rerunning the benchmark and
 rebuilding updates it.  The directive's text becomes the table's caption.
 
-In the Chinese edition the caption is translated (it is the page's prose, in the
-page's catalogue) and the table itself is not: its header and cells are the data's
-own labels, the names the figures drawn from the same runs use, and stay English
-like the figures' labels.  They are marked untranslatable, so no catalogue holds them.
+In the Chinese edition the caption, the header and the first column's labels are
+translated (they are words, in the page's catalogue); the numbers, sizes and the
+algorithm names in the other cells are the data's and stay as they are, marked
+untranslatable, as the figures' labels stay English.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,25 @@ from sphinx.util.docutils import SphinxDirective
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _row(cells: list[str]) -> nodes.row:
+SIZE = re.compile(r"[\d,.]+ ?[KMG]iB")
+
+
+def _words(cell: str) -> bool:
+    """Whether a label is words to translate, not a number or a size."""
+    return bool(re.search("[A-Za-z]", cell)) and not SIZE.fullmatch(cell)
+
+
+def _row(cells: list[str], labels: int, where: tuple[str, int]) -> nodes.row:
+    """A row whose first ``labels`` cells are translatable when they are words
+    (Sphinx extracts a message only from a node that says where it came from)."""
     row = nodes.row()
-    for cell in cells:
+    for i, cell in enumerate(cells):
         entry = nodes.entry()
-        entry += nodes.paragraph(text=cell, translatable=False)
+        paragraph = nodes.paragraph(cell, cell)
+        paragraph.source, paragraph.line = where
+        if i >= labels or not _words(cell):
+            paragraph["translatable"] = False
+        entry += paragraph
         row += entry
     return row
 
@@ -67,11 +82,12 @@ class DataTable(SphinxDirective):
         for _ in range(width):
             group += nodes.colspec(colwidth=1)
         head = nodes.thead()
-        head += _row(table.header)
+        where = self.get_source_info()
+        head += _row(table.header, width, where)
         group += head
         body = nodes.tbody()
         for row in table.rows:
-            body += _row(row)
+            body += _row(row, 1, where)
         group += body
         for i, entry in enumerate(group.traverse(nodes.entry)):
             if i % width and table.numeric:  # numbers right-aligned

@@ -42,13 +42,15 @@ class Schedule:
     the model prices the messages that run."""
 
     segment_bytes: int | None = None
-    """The longest segment (NCCL: chunk) a message travels in; None: one piece."""
+    """The longest segment a message travels in (NCCL's chunk), or None for one
+    piece."""
     segments: int | None = None
-    """Or a number of segments, whatever their length (it wins when given)."""
+    """Or a number of segments, whatever their length; it wins when given."""
     depth: int = 1
-    """Segments (or columns of segments) in flight at once: the pipeline's depth."""
+    """How many segments, or columns of segments, are in flight at once (the
+    pipeline's depth)."""
     buffer_bytes: int | None = None
-    """The staging memory of one packed transfer (:func:`sendrecv_packed`)."""
+    """The staging memory of one packed transfer, in bytes (:func:`sendrecv_packed`)."""
 
     def count(self, numel: int, itemsize: int) -> int:
         """How many segments ``numel`` elements travel in: :attr:`segments`, or one
