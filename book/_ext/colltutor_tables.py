@@ -105,6 +105,8 @@ class DataTable(SphinxDirective):
 CSS = """
 table.colltutor-table td.colltutor-number, table.colltutor-table th.colltutor-number {
   text-align: right; font-variant-numeric: tabular-nums; }
+table.colltutor-table td.colltutor-number {  /* a number breaks at its spaces only */
+  overflow-wrap: normal; word-break: keep-all; }
 """
 
 

@@ -34,8 +34,8 @@ CHUNK_BYTES = (1 << 22) // NCCL_STEPS
 gives the tree one step a chunk where the ring gets ``ALLREDUCE_CHUNKSTEPS``)."""
 
 SCHEDULE = Schedule(segment_bytes=CHUNK_BYTES, depth=NCCL_STEPS)
-"""How a channel's part travels: in chunks of :data:`CHUNK_BYTES`, as many in flight
-as the FIFO has slots."""
+"""A channel's part travels in chunks of :data:`CHUNK_BYTES`, as many in flight as
+the FIFO has slots."""
 
 Links = tuple[int, int, int, int]
 """``(up, down0, down1, child type)`` of one node, ``-1`` for none, as
