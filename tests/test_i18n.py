@@ -184,3 +184,16 @@ def test_generated_tables_translate_their_words_not_their_data() -> None:
         [True, False, True, False]
     assert [is_translatable(p) for p in body.findall(nodes.paragraph)] == \
         [True, False, False]
+
+
+def test_format_flags_babel_guesses_are_dropped(tmp_path: Path) -> None:
+    """"10% of" is not a %-format: the flag Babel guesses goes, other flags stay."""
+    po = tmp_path / "page.po"
+    po.write_text('#, python-format\nmsgid "10% of it"\nmsgstr "它的 10%。"\n\n'
+                  '#, fuzzy, python-format\nmsgid "20% of"\nmsgstr ""\n\n'
+                  '#, fuzzy\nmsgid "Ring"\nmsgstr "环"\n', encoding="utf-8")
+    i18n.drop_format_flags(po)
+    assert po.read_text(encoding="utf-8") == (
+        'msgid "10% of it"\nmsgstr "它的 10%。"\n\n'
+        '#, fuzzy\nmsgid "20% of"\nmsgstr ""\n\n'
+        '#, fuzzy\nmsgid "Ring"\nmsgstr "环"\n')

@@ -85,8 +85,28 @@ def update() -> int:
     status = extract()
     if status:
         return status
-    return subprocess.call([sys.executable, "-m", "sphinx_intl", "update",
-                            "-p", str(POT_DIR), "-d", str(LOCALES), "-l", LANGUAGE])
+    status = subprocess.call([sys.executable, "-m", "sphinx_intl", "update",
+                              "-p", str(POT_DIR), "-d", str(LOCALES), "-l", LANGUAGE])
+    for po in (LOCALES / LANGUAGE / "LC_MESSAGES").rglob("*.po"):
+        drop_format_flags(po)
+    return status
+
+
+def drop_format_flags(po: Path) -> None:
+    """Babel flags a message ``python-format`` when its English reads like a
+    %-format ("10% of"), but the pages' text is never formatted; with the flag,
+    ``msgfmt -c`` and translation editors reject a right translation ("10%。")."""
+    lines = po.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        if line.startswith("#, "):
+            flags = [f for f in line[3:].strip().split(", ") if f != "python-format"]
+            if not flags:
+                continue
+            line = "#, " + ", ".join(flags) + "\n"
+        kept.append(line)
+    if kept != lines:
+        po.write_text("".join(kept), encoding="utf-8")
 
 
 def build() -> int:
