@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 SIZE = re.compile(r"[\d,.]+ ?[KMG]iB")
+NUMBER = re.compile(r"~?[\d,.]+")
 
 
 def _words(cell: str) -> bool:
@@ -92,6 +93,8 @@ class DataTable(SphinxDirective):
         for i, entry in enumerate(group.traverse(nodes.entry)):
             if i % width and table.numeric:  # numbers right-aligned
                 entry["classes"].append("colltutor-number")
+            if NUMBER.fullmatch(entry.astext()):
+                entry["classes"].append("colltutor-whole")
         if self.content:
             parsed = nodes.Element()
             self.state.nested_parse(self.content, self.content_offset, parsed)
@@ -105,7 +108,7 @@ class DataTable(SphinxDirective):
 CSS = """
 table.colltutor-table td.colltutor-number, table.colltutor-table th.colltutor-number {
   text-align: right; font-variant-numeric: tabular-nums; }
-table.colltutor-table td.colltutor-number {  /* a number breaks at its spaces only */
+table.colltutor-table td.colltutor-whole {  /* a lone number never breaks */
   overflow-wrap: normal; word-break: keep-all; }
 """
 
