@@ -561,8 +561,8 @@ public:
     ranks_.resize(s_.endpoints());
     for (size_t r = 0; r < s_.endpoints(); r++) {
       ranks_[r].r = r;
-      size_t window = 1;
-      while (window < handles_in_use(r))
+      size_t window = 1, needed = handles_in_use(r);
+      while (window < needed)
         window *= 2;
       ranks_[r].notes.resize(window);
       ranks_[r].mask = window - 1;
