@@ -22,7 +22,6 @@ uses this module.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import functools
 import inspect
@@ -48,6 +47,7 @@ from colltutor import (
     tuning,
 )
 from colltutor.bench import FACTORS, human, parse_size
+from colltutor.collectives import primitives
 from colltutor.runtime import run
 from colltutor.transports import simgrid as sim
 from colltutor.transports import simgrid_replay
@@ -518,9 +518,10 @@ def _correct(collective: str, outputs: list[Any], p: int, count: int,
 
 # -- NVLink SHARP ----------------------------------------------------------------
 
-NVLS_DEPTH = 4
-"""Segments a GPU keeps going up to the switch at once.  NCCL runs NVLink SHARP
-on many channels, each with chunks in flight; a model parameter here."""
+NVLS = primitives.Schedule(segment_bytes=p2p.SEGMENT_BYTES, depth=4)
+"""How the simulated NVLink SHARP cuts a buffer, and how many of a GPU's segments
+go up to the switch at once.  NCCL runs NVLink SHARP on many channels, each with
+chunks in flight; the depth is a model parameter here."""
 
 
 def nvls_rank(comm: p2p.Comm, buf: torch.Tensor, op: object) -> None:
@@ -535,29 +536,14 @@ def nvls_rank(comm: p2p.Comm, buf: torch.Tensor, op: object) -> None:
     back.  NCCL's NVLS all-reduce.
     """
     reducer, multicaster, p = comm.size - 2, comm.size - 1, comm.size - 2
-    sending: collections.deque[p2p.Pending] = collections.deque()
-    loading: collections.deque[tuple] = collections.deque()
-    storing = []
-
-    def store(segment: torch.Tensor, mine: torch.Tensor, loaded: p2p.Pending) -> None:
-        loaded.wait()
-        storing.append(comm.post(sends=[(multicaster, mine)],
-                                 recvs=[(multicaster, segment)]))
-
-    for segment in p2p.segments(buf):
-        mine = p2p.blocks(segment, p)[comm.rank]
-        # 1. my contribution up, my reduced shard back
-        sending.append(comm.post(sends=[(reducer, segment)]))
-        loading.append((segment, mine, comm.post(recvs=[(reducer, mine)])))
-        if len(sending) > NVLS_DEPTH:
-            sending.popleft().wait()
-        # 2. each reduced shard back up as it comes, every reduced shard back
-        while loading and loading[0][2].is_completed():
-            store(*loading.popleft())
-    while loading:
-        store(*loading.popleft())
-    for pending in [*sending, *storing]:
-        pending.wait()
+    pieces = NVLS.cut(buf)
+    mine = [p2p.blocks(piece, p)[comm.rank] for piece in pieces]
+    # 1. each segment up to the reducer, my reduced shard of it back;
+    # 2. each shard, once back, up to the multicaster, the whole segment back
+    primitives.relay(comm, [(reducer, piece) for piece in pieces],
+                     [(reducer, shard) for shard in mine],
+                     lambda s: ([(multicaster, mine[s])], [(multicaster, pieces[s])]),
+                     NVLS)
     ops.finish(op, buf, p)
 
 
@@ -566,7 +552,7 @@ def nvls_reducer(comm: p2p.Comm, count: int, dtype: torch.dtype,
     """The switch reducing: every GPU's segment in, each GPU its reduced shard.
     Hardware is always ready: every receive is posted at once."""
     p = comm.size - 2
-    pieces = p2p.segments(torch.empty(count, dtype=dtype, device=device))
+    pieces = NVLS.cut(torch.empty(count, dtype=dtype, device=device))
     slots = [[torch.empty_like(piece) for _ in range(p)] for piece in pieces]
     arriving = [comm.post(recvs=list(enumerate(mine))) for mine in slots]
     sent = []
@@ -584,7 +570,7 @@ def nvls_multicaster(comm: p2p.Comm, count: int, dtype: torch.dtype,
     """The switch multicasting: each GPU's reduced shard in, the whole segment out
     to every GPU."""
     p = comm.size - 2
-    pieces = p2p.segments(torch.empty(count, dtype=dtype, device=device))
+    pieces = NVLS.cut(torch.empty(count, dtype=dtype, device=device))
     arriving = [comm.post(recvs=list(enumerate(p2p.blocks(piece, p))))
                 for piece in pieces]
     sent = []

@@ -192,3 +192,64 @@ def test_a_schedule_is_what_the_declared_cost_reads() -> None:
         k = broadcast.chain_schedule(n * 4, 6, segments).count(n, 4)
         rounds, sent = broadcast._chain(6, n, n // 6, 4, segments)
         assert rounds == 6 + k - 2 and sent[0] == (k, n * 4)
+
+
+@pytest.mark.parametrize(("k", "depth"), [(1, 1), (6, 1), (9, 4), (5, 8)])
+def test_relay_follows_each_answer_and_bounds_the_sends_in_flight(k: int,
+                                                                    depth: int) -> None:
+    """Rank 0 sends k segments to rank 1, which answers each with its double; once
+    answer s is in, rank 0 sends it back and receives its triple.  Every answer is
+    waited for before its follow-up is posted, never more than ``depth`` sends
+    are unfinished, and each segment ends as rank 1 made it."""
+    n = 4 * k + 1
+    plan = primitives.Schedule(segments=k, depth=depth)
+
+    def rank(comm: Comm) -> list:
+        buf = torch.arange(n, dtype=torch.float64)
+        pieces = plan.cut(buf)
+        if comm.rank == 1:  # the other side: answers every segment at once
+            got = [torch.empty_like(piece) for piece in pieces]
+            comm.exchange(recvs=[(0, g) for g in got])
+            comm.exchange(sends=[(0, 2 * g) for g in got])
+            back = [torch.empty_like(piece) for piece in pieces]
+            comm.exchange(recvs=[(0, b) for b in back])
+            comm.exchange(sends=[(0, 1.5 * b) for b in back])
+            return []
+        answers = [torch.empty_like(piece) for piece in pieces]
+        events = []
+        comm.observers = (Log(events),)
+        primitives.relay(comm, [(1, piece) for piece in pieces],
+                         [(1, a) for a in answers],
+                         lambda s: ([(1, answers[s])], [(1, pieces[s])]), plan)
+        return [buf, answers, events]
+
+    buf, answers, events = local.run(rank, 2)[0]
+    assert torch.equal(buf, 3 * torch.arange(n, dtype=torch.float64))
+    for a, piece in zip(answers, plan.cut(torch.arange(n, dtype=torch.float64)),
+                        strict=True):
+        assert torch.equal(a, 2 * piece)
+    unfinished, answered = 0, set()
+    for kind, sends, recvs in events:
+        if kind == "posted" and sends and not recvs:
+            unfinished += 1
+            assert unfinished <= depth + 1  # the one over is waited for at once
+        elif kind == "completed" and sends and not recvs:
+            unfinished -= 1
+        elif kind == "completed" and recvs and not sends:
+            answered.add(id(recvs[0][1]))
+        elif kind == "posted" and sends and recvs:  # a follow-up: its answer is in
+            assert id(sends[0][1]) in answered
+    assert [kind for kind, s, r in events].count("posted") == 3 * k
+
+
+class Log:
+    """An observer noting every step posted and completed, in order."""
+
+    def __init__(self, into: list) -> None:
+        self.into = into
+
+    def posted(self, comm, sends, recvs) -> None:
+        self.into.append(("posted", list(sends), list(recvs)))
+
+    def completed(self, comm, sends, recvs) -> None:
+        self.into.append(("completed", list(sends), list(recvs)))

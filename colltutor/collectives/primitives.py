@@ -17,14 +17,17 @@ it), and keeps chunking, slots in flight and buffers inside the primitives
   chunk kept and sent on to the children), every tree's messages of a tick in
   one step;
 - :func:`sendrecv_packed`: blocks that are not next to each other in the buffer,
-  sent as one message and unpacked (copied or reduced) at the other end.
+  sent as one message and unpacked (copied or reduced) at the other end;
+- :func:`relay`: each segment sent out and an answer received for it, a
+  follow-up step posted as each answer arrives (the simulated NVLink SHARP).
 
 Running several channels at once is :mod:`~colltutor.collectives.at_once`'s.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -159,3 +162,33 @@ def sendrecv_packed(comm: Comm, out: list[torch.Tensor], dst: int,
             target.copy_(arrived)
         else:
             ops.combine(op, target, arrived)
+
+
+def relay(comm: Comm, out: list[Message], answers: list[Message],
+          then: Callable[[int], tuple[list[Message], list[Message]]],
+          schedule: Schedule) -> None:
+    """Segment ``s`` goes out (``out[s]``) and its answer comes back
+    (``answers[s]``); once the answer has arrived, ``then(s)``'s sends and
+    receives follow.  At most ``schedule.depth`` sends are unfinished; each
+    answer is taken up as soon as this rank sees it, in order.  Returns when
+    every step is done."""
+    sending: deque = deque()
+    waiting: deque = deque()  # (segment, its answer's step)
+    following = []
+
+    def follow() -> None:
+        s, answer = waiting.popleft()
+        answer.wait()
+        following.append(comm.post(*then(s)))
+
+    for s, (message, answer) in enumerate(zip(out, answers, strict=True)):
+        sending.append(comm.post(sends=[message]))
+        waiting.append((s, comm.post(recvs=[answer])))
+        if len(sending) > schedule.depth:
+            sending.popleft().wait()
+        while waiting and waiting[0][1].is_completed():
+            follow()
+    while waiting:
+        follow()
+    for pending in [*sending, *following]:
+        pending.wait()
