@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
 import colltutor
 from colltutor import (  # noqa: F401
@@ -216,10 +215,8 @@ def _route() -> list[native.Swap]:
                  if o.op.__name__ == "irecv"]
         return [_local.comm.post(sends, recvs)]
 
-    # one function per name in both modules: P2POp compares them by identity
-    ours = {"send": send, "recv": recv, "isend": isend, "irecv": irecv,
-            "batch_isend_irecv": batch}
-    return [(module, name, fn) for name, fn in ours.items() for module in (dist, c10d)]
+    return native.spelled({"send": send, "recv": recv, "isend": isend, "irecv": irecv,
+                           "batch_isend_irecv": batch})
 
 
 def _expected(collective: str, case: Case, rank: int, p: int) -> dict:

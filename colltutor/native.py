@@ -1,12 +1,20 @@
-"""torch.distributed's own collectives, refused where only point-to-point messages
-may move data: while colltutor's self-test runs (no algorithm may fall back on
-them) and while the grader runs a learner's solution (it may not call them).
+"""The one place colltutor puts functions of its own in front of
+``torch.distributed``'s.
 
-One context, :func:`refused`, serves both.  Python offers no hook in front of a
-module's functions, so for as long as anyone is inside it the collectives of
-``torch.distributed`` (both spellings: ``torch.distributed`` and
-``torch.distributed.distributed_c10d``), and of any module named with them, are
-functions that raise; on the way out the originals come back.
+Python offers no hook in front of a module's functions, and torch 2.13 none in
+front of ``batch_isend_irecv`` for a process group written in Python (it
+coalesces only for a C++ ``ProcessGroup`` whose backend says so,
+``distributed_c10d.py``), so three things replace them here, always in both
+spellings (``torch.distributed`` and ``torch.distributed.distributed_c10d``:
+``P2POp`` compares an op with the module's own by identity):
+
+* :func:`refused`: while colltutor's self-test runs (no algorithm may fall back
+  on them) and while the grader runs a learner's solution (it may not call
+  them), the collectives raise; on the way out the originals come back;
+* the grader's routes (:class:`Swaps`, :func:`spelled`): while a learner's
+  code runs, each thread's point-to-point calls go to its rank's ``Comm``;
+* the NCCL emulation (:func:`install`): NCCL's rules for the rest of the
+  process.
 """
 
 from __future__ import annotations
@@ -30,6 +38,25 @@ Refusal = Callable[[str], BaseException]
 
 Swap = tuple[object, str, object]
 """``(object, attribute name, value)``: an attribute replaced, or its original."""
+
+SPELLINGS = (dist, dist.distributed_c10d)
+"""The two modules a ``torch.distributed`` function is reached through."""
+
+
+def spelled(functions: dict[str, Callable]) -> list[Swap]:
+    """``functions`` in place of ``torch.distributed``'s of the same names, in
+    both spellings."""
+    return [(module, name, fn) for name, fn in functions.items()
+            for module in SPELLINGS if hasattr(module, name)]
+
+
+def install(functions: dict[str, Callable]) -> dict[str, Callable]:
+    """Put ``functions`` in place of ``torch.distributed``'s for the rest of the
+    process; returns the originals."""
+    originals = {name: getattr(dist, name) for name in functions}
+    for module, name, fn in spelled(functions):
+        setattr(module, name, fn)
+    return originals
 
 
 class Swaps:
@@ -74,8 +101,7 @@ def refused(refusal: Refusal, names: Sequence[str] = COLLECTIVES,
     of ``modules``, given as ``(shown name, module)``, where it has one) raises
     ``refusal(name)``.  Nested and concurrent uses share the first one's
     refusals."""
-    where = [("torch.distributed", dist), ("torch.distributed", dist.distributed_c10d),
-             *modules]
+    where = [*(("torch.distributed", module) for module in SPELLINGS), *modules]
     with _refusals.held(lambda: [(module, name, _refuse(refusal, f"{shown}.{name}"))
                                  for shown, module in where for name in names
                                  if hasattr(module, name)]):

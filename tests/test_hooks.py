@@ -1,10 +1,13 @@
 """The seams that replace patching: a rank's transport doing its reductions
-(``ops.combining``), one context refusing native collectives (``native.refused``),
+(``ops.combining``), one context refusing native collectives (``native.refused``), the one
+seam that stands functions in for torch.distributed's (``native.spelled``, ``native.install``),
 per-group state that lives no longer than its group."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -64,6 +67,31 @@ def test_native_collectives_are_refused_inside_and_restored_after() -> None:
         assert dist.isend is dist.distributed_c10d.isend  # point to point untouched
     assert dist.all_reduce is original
     assert dist.distributed_c10d.all_reduce is original
+
+
+def test_a_stand_in_takes_both_spellings_of_a_function() -> None:
+    def mine(*args: object) -> None:
+        pass
+
+    assert native.spelled({"isend": mine, "no_such_function": mine}) == [
+        (dist, "isend", mine), (dist.distributed_c10d, "isend", mine)]
+
+
+def test_an_installed_stand_in_stays_for_the_process() -> None:
+    """In a process of its own, as it is never undone."""
+    code = """
+import torch.distributed as dist
+from colltutor import native
+original = dist.all_reduce
+def mine(*args, **kwargs):
+    return "mine"
+assert native.install({"all_reduce": mine}) == {"all_reduce": original}
+assert dist.all_reduce() == dist.distributed_c10d.all_reduce() == "mine"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
 
 
 class _Group:

@@ -4,7 +4,8 @@ With ``COLLTUTOR_EMULATE=nccl`` in the environment, a run that asks for NCCL (or
 ``backend="auto"``) on a machine without enough GPUs joins a gloo group and then
 follows NCCL's rules wherever they change results or liveness, for colltutor's own
 messages (:class:`NcclRulesTransport`) and for native ``torch.distributed`` calls
-alike (:func:`install` patches them):
+alike (:func:`install` puts its functions in their place, through
+:func:`colltutor.native.install`):
 
 * tags are ignored: the messages between two ranks match in the order posted;
 * each batch of sends and receives (one ``post``, one ``batch_isend_irecv``, one
@@ -56,7 +57,7 @@ from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
 
-from colltutor import contract
+from colltutor import contract, native
 from colltutor.transports import Message
 from colltutor.transports.torch_dist import TorchTransport, _wire
 
@@ -422,15 +423,12 @@ def install() -> None:
     if _native is not None:
         return
 
-    _native = {name: getattr(dist, name) for name in (
-        *_WRITTEN, "barrier", "isend", "irecv", "send", "recv", "batch_isend_irecv")}
-    rules = {name: _collective(name, fn, inspect.signature(fn))
-             for name, fn in _native.items() if name in _WRITTEN}
+    rules = {name: _collective(name, getattr(dist, name),
+                               inspect.signature(getattr(dist, name)))
+             for name in _WRITTEN}
     rules.update(isend=_isend, irecv=_irecv, send=_send, recv=_recv,
                  batch_isend_irecv=_batch, barrier=_barrier)
-    for name, fn in rules.items():  # both spellings: P2POp checks the module's own
-        setattr(dist, name, fn)
-        setattr(dist.distributed_c10d, name, fn)
+    _native = native.install(rules)
     enter_thread()
 
 
