@@ -1,7 +1,7 @@
 """The seams that replace patching: a rank's transport doing its reductions
-(``ops.combining``), one context refusing native collectives (``native.refused``), the one
-seam that stands functions in for torch.distributed's (``native.spelled``, ``native.install``),
-per-group state that lives no longer than its group."""
+(``ops.combining``), one context refusing native collectives (``native.refused``),
+the one seam that stands functions in for torch.distributed's (``native.spelled``,
+``native.install``), per-group state that lives no longer than its group."""
 
 from __future__ import annotations
 
