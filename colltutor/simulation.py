@@ -538,12 +538,15 @@ def nvls_rank(comm: p2p.Comm, buf: torch.Tensor, op: object) -> None:
     reducer, multicaster, p = comm.size - 2, comm.size - 1, comm.size - 2
     pieces = NVLS.cut(buf)
     mine = [p2p.blocks(piece, p)[comm.rank] for piece in pieces]
-    # 1. each segment up to the reducer, my reduced shard of it back;
-    # 2. each shard, once back, up to the multicaster, the whole segment back
-    primitives.relay(comm, [(reducer, piece) for piece in pieces],
-                     [(reducer, shard) for shard in mine],
-                     lambda s: ([(multicaster, mine[s])], [(multicaster, pieces[s])]),
-                     NVLS)
+    up = [(reducer, piece) for piece in pieces]
+    back = [(reducer, shard) for shard in mine]
+
+    def then(s: int) -> tuple[list, list]:
+        return [(multicaster, mine[s])], [(multicaster, pieces[s])]
+
+    # 1. each segment up to the reducer; my reduced shard of it comes back
+    # 2. once back, my shard to the multicaster; the whole segment returns
+    primitives.relay(comm, up, back, then, NVLS)
     ops.finish(op, buf, p)
 
 
