@@ -423,9 +423,7 @@ def install() -> None:
     if _native is not None:
         return
 
-    rules = {name: _collective(name, getattr(dist, name),
-                               inspect.signature(getattr(dist, name)))
-             for name in _WRITTEN}
+    rules = {name: _collective(name, getattr(dist, name)) for name in _WRITTEN}
     rules.update(isend=_isend, irecv=_irecv, send=_send, recv=_recv,
                  batch_isend_irecv=_batch, barrier=_barrier)
     _native = native.install(rules)
@@ -489,9 +487,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _collective(name: str, fn: Callable, signature: Any) -> Callable:
+def _collective(name: str, fn: Callable) -> Callable:
     """``fn`` queued on the group's stream: its outputs land in staging tensors that
     become visible after a wait, as every other group's."""
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)
     def queued(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
