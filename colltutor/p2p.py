@@ -394,8 +394,8 @@ class Comm:
         else:
             region = _kept_buffer(self.__dict__.setdefault("_own", {}), "slots",
                                   size * n, like)
-        slots = [region.narrow(0, size * k, size) for k in range(n)]
-        return [slots[i % n].narrow(0, 0, t.numel()) for i, t in enumerate(incoming)]
+        slots = [region[size * k:size * (k + 1)] for k in range(n)]
+        return [slots[i % n][:t.numel()] for i, t in enumerate(incoming)]
 
     def _kept(self, messages: Iterable[Message]) -> list[Message]:
         """The messages worth posting (empty ones are skipped), checked, in group
@@ -525,6 +525,5 @@ def place(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def span(buffer: torch.Tensor, parts: int, lo: int, hi: int) -> torch.Tensor:
     """One contiguous view of blocks ``lo .. hi-1`` of ``blocks(buffer, parts)``."""
-    sizes = block_sizes(buffer.numel(), parts)
-    start = sum(sizes[:lo])
-    return buffer.narrow(0, start, sum(sizes[lo:hi]))
+    base, extra = divmod(buffer.numel(), parts)  # the first ``extra`` are one longer
+    return buffer[lo * base + min(lo, extra):hi * base + min(hi, extra)]

@@ -78,6 +78,7 @@ MPICH_VERSION = "5.0.1"
 point-to-point."""
 
 
+@functools.cache
 def mpich(p: int) -> Table:
     """MPICH's choice among its point-to-point algorithms on ``p`` ranks, as
     colltutor's algorithms of the same name and shape.

@@ -207,7 +207,7 @@ def main(marks: str) -> None:
 
     t = torch.arange(10, dtype=torch.float32)
     view = buffer(t)[0]
-    zero_copy = view.ctypes.data == t.data_ptr() and view.nbytes == 40
+    zero_copy = view.address == t.data_ptr() and view.nbytes == 40
     everyone = comm.gather((report, groups), 0)
     if comm.Get_rank() == 0:
         for other, their_groups in everyone[1:]:
@@ -391,6 +391,18 @@ def test_async_op_over_mpi() -> None:
 
     for result in colltutor.run(overlapped, 3, backend="mpi", timeout=120):
         assert all(result.values()), result
+
+
+@needs_mpi
+def test_ranks_poll_unless_they_share_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``colltutor.run`` lets MPICH's ranks poll when each has a CPU, and makes them
+    sleep between polls (heavy yield) only when they outnumber the CPUs."""
+    from colltutor.transports import mpiexec as launch
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert launch.mpi_env(4) == {"OMP_NUM_THREADS": "1"}
+    assert launch.mpi_env(5) == {"OMP_NUM_THREADS": "1",
+                                 "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 
 @needs_mpi

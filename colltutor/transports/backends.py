@@ -262,9 +262,9 @@ def colltutor_transport(group: dist.ProcessGroup, rank: int, names: list[int],
 
 def mpi_transport(group: dist.ProcessGroup, rank: int, names: list[int], tag: int
                   ) -> Transport:
-    from colltutor.transports import mpi  # needs mpi4py
-
-    return mpi.MpiTransport(group, *MPI.tags(tag))
+    """The MPI group's transport for ``tag`` (:class:`~colltutor.transports.mpi.MpiGroup`
+    keeps one per tag)."""
+    return group.transport(*MPI.tags(tag))
 
 
 def device_batches(transport: Transport, tensor: torch.Tensor) -> bool:

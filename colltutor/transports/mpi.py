@@ -53,18 +53,20 @@ _CPU = torch.device("cpu")
 
 
 def buffer(tensor: torch.Tensor) -> list:
-    """``tensor``'s memory as an MPI message of bytes: a view, never a copy."""
-    flat = tensor.detach().reshape(-1)
-    if flat.device.type != "cpu" or not flat.is_contiguous():
+    """``tensor``'s memory as an MPI message of bytes: its address, never a copy.
+    The buffer does not keep ``tensor`` alive; whoever posts it does, until the
+    message is done."""
+    if not tensor.is_cpu or not tensor.is_contiguous():
         raise ValueError("MPI messages must be contiguous CPU tensors")
-    return [flat.view(torch.uint8).numpy(), MPI.BYTE]
+    return [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), MPI.BYTE]
 
 
 class _Request:
-    """One posted MPI message as the point-to-point layer waits for it."""
+    """One posted MPI message as the point-to-point layer waits for it; it holds
+    the message's tensor until then."""
 
-    def __init__(self, request: MPI.Request) -> None:
-        self.request = request
+    def __init__(self, request: MPI.Request, tensor: torch.Tensor) -> None:
+        self.request, self.tensor = request, tensor
 
     def wait(self) -> None:
         self.request.Wait()
@@ -92,9 +94,11 @@ class MpiTransport:
         self.names, self.device = group.ranks, _CPU
 
     def post(self, sends: list[Message], recvs: list[Message]) -> list[Handle]:
-        requests = [self.comm.Irecv(buffer(t), peer, self.tag) for peer, t in recvs]
-        requests += [self.comm.Isend(buffer(t), peer, self.tag) for peer, t in sends]
-        return [_Request(request) for request in requests]
+        handles = [_Request(self.comm.Irecv(buffer(t), peer, self.tag), t)
+                   for peer, t in recvs]
+        handles += [_Request(self.comm.Isend(buffer(t), peer, self.tag), t)
+                    for peer, t in sends]
+        return handles
 
     def recv_any(self, tensor: torch.Tensor) -> int:
         status = MPI.Status()
@@ -136,9 +140,10 @@ def _done(result: object = None) -> dist.Work:
 class _Pending(dist.Work):
     """A nonblocking MPI call as a ``torch.distributed`` work handle."""
 
-    def __init__(self, request: MPI.Request, source: list[int] | None = None) -> None:
+    def __init__(self, request: MPI.Request, source: list[int] | None = None,
+                 tensor: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.request, self.source = request, source
+        self.request, self.source, self.tensor = request, source, tensor
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         self.request.Wait()
@@ -166,6 +171,15 @@ class MpiGroup(dist.ProcessGroup):
         self.comm, self.ranks = comm, ranks
         self.own = comm.Dup()  # colltutor's own messages (collectives, checks)
         self.tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self._transports: dict[tuple[int, int], MpiTransport] = {}
+
+    def transport(self, space: int, tag: int) -> MpiTransport:
+        """The group's :class:`MpiTransport` for one tag, made on first use: it
+        holds no state of its own, and a collective's path is short."""
+        found = self._transports.get((space, tag))
+        if found is None:
+            found = self._transports[space, tag] = MpiTransport(self, space, tag)
+        return found
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         """``"mpi4py"``."""
@@ -283,11 +297,13 @@ class MpiGroup(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag):
         """``MPI_Isend``."""
-        return _Pending(self.comm.Isend(buffer(tensors[0]), dst, tag))
+        return _Pending(self.comm.Isend(buffer(tensors[0]), dst, tag),
+                        tensor=tensors[0])
 
     def recv(self, tensors, src, tag):
         """``MPI_Irecv``."""
-        return _Pending(self.comm.Irecv(buffer(tensors[0]), src, tag))
+        return _Pending(self.comm.Irecv(buffer(tensors[0]), src, tag),
+                        tensor=tensors[0])
 
     def recv_anysource(self, tensors, tag):
         """``MPI_Recv`` from ``MPI_ANY_SOURCE``."""

@@ -29,11 +29,20 @@ import torch.distributed as dist
 from colltutor import p2p, status
 from colltutor.transports.mpi import GRACE, MPI, Watchdog, init
 
-MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+SHARING = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 """MPICH's ranks wait for messages by polling; this makes a waiting rank sleep a
 moment between polls (``nanosleep``), so that ranks sharing a core give way to the
-rank that has work (MPICH's ``MPIR_CVAR_ENABLE_HEAVY_YIELD``).  The default of
-:func:`run`; a value set in the environment wins."""
+rank that has work (MPICH's ``MPIR_CVAR_ENABLE_HEAVY_YIELD``)."""
+
+
+def mpi_env(world_size: int) -> dict[str, str]:
+    """The environment :func:`run` gives the ranks, where the caller's sets nothing
+    else: one OpenMP thread each, and :data:`SHARING` when the ranks outnumber this
+    process's CPUs.  A rank with a core of its own polls: each sleep costs a
+    scheduler tick, on every step that waits (``benchmarks/bench_mpi.py``)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": "1", **(SHARING if world_size > cpus else {})}
 
 
 def launcher() -> str:
@@ -63,7 +72,7 @@ def run(payload: bytes, world_size: int, timeout: float) -> Ended:
     A rank that raises aborts the run (``MPI_Abort``): MPI cannot tell the others."""
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
-    env = {**MPI_ENV, "OMP_NUM_THREADS": "1", **os.environ}  # the caller's win
+    env = {**mpi_env(world_size), **os.environ}  # the caller's win
     env["PYTHONPATH"] = os.pathsep.join(
         [package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
     endless = timeout == float("inf")
