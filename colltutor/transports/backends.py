@@ -262,8 +262,8 @@ def colltutor_transport(group: dist.ProcessGroup, rank: int, names: list[int],
 
 def mpi_transport(group: dist.ProcessGroup, rank: int, names: list[int], tag: int
                   ) -> Transport:
-    """The MPI group's transport for ``tag`` (:class:`~colltutor.transports.mpi.MpiGroup`
-    keeps one per tag)."""
+    """The MPI group's transport for ``tag``, which the group keeps
+    (:meth:`colltutor.transports.mpi.MpiGroup.transport`)."""
     return group.transport(*MPI.tags(tag))
 
 
