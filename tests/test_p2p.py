@@ -137,7 +137,10 @@ def test_blocks_cover_any_length() -> None:
             for lo in range(p + 1):
                 for hi in range(lo, p + 1):
                     want = torch.cat(parts[lo:hi]) if hi > lo else buf[:0]
-                    assert torch.equal(p2p.span(buf, p, lo, hi), want)
+                    got = p2p.span(buf, p, lo, hi)
+                    assert torch.equal(got, want)
+                    if hi > lo and want.numel():  # a view of buf, not a copy
+                        assert got.data_ptr() == parts[lo].data_ptr()
 
 
 def _placement() -> dict[str, object]:
