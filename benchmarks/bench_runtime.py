@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 import colltutor
-from colltutor import _client, runtime
+from colltutor import _client, p2p, runtime
 from colltutor.demo import collective_function
 
 SLOW = 0.5  # seconds: a warm run slower than this is a stall
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300,
                         help="warm 4-rank runs in a row (default: %(default)s)")
     args = parser.parse_args()
-    print(f"{runtime.cores()} cores, load average {os.getloadavg()[0]:.1f} "
+    print(f"{p2p.cores()} cores, load average {os.getloadavg()[0]:.1f} "
           "(other work on the machine slows every figure)")
     cold, _ = timed(4)
     print(f"cold, 4 ranks (starts the fork server): {cold * 1000:6.0f} ms")

@@ -31,7 +31,7 @@ import functools
 from dataclasses import dataclass
 
 from colltutor import cost, nccl_tuning
-from colltutor.runtime import cores as available
+from colltutor.p2p import cores as available
 
 GB = 1e9
 UP, DOWN = True, False

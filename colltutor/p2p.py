@@ -437,6 +437,13 @@ def _kept_buffer(buffers: dict, key: object, numel: int, like: torch.Tensor
     return view
 
 
+def cores() -> int:
+    """CPU cores this process may use; ranks share them (``torch.set_num_threads``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @functools.cache
 def place_threads(pid: int, rank: int, world_size: int) -> None:
     """Put every rank's posting thread on one half of the CPUs and gloo's I/O

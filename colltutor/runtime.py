@@ -158,13 +158,6 @@ def shutdown() -> None:
     _client.stop()
 
 
-def cores() -> int:
-    """CPU cores this process may use; ranks share them (``torch.set_num_threads``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _choose_backend(backend: str, world_size: int) -> str:
     if backend != "auto":
         return backend
@@ -217,7 +210,7 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
         backend = _choose_backend(backend, world_size)
         payload = _client.pickle_task(fn, args, kwargs)
         ended = _client.Run(server, world_size, backend, timeout, stream,
-                            registered).execute(payload, cores())
+                            registered).execute(payload, p2p.cores())
     if ended.timed_out:
         raise RankTimeoutError(ended.pending, timeout, world_size, ended.statuses,
                                ended.collectives)

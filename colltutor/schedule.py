@@ -118,7 +118,7 @@ def record(program: Callable[[Any], Any], size: int, device: Any) -> list[array]
     The ranks are independent, so from :data:`PARALLEL_FROM` ranks on they are
     recorded in as many forked processes as there are cores.
     Raises :class:`Polls` for an algorithm that polls."""
-    workers = min(runtime.cores(), size // PARALLEL_FROM)
+    workers = min(p2p.cores(), size // PARALLEL_FROM)
     spans = [range(start, min(start + SPAN, size)) for start in range(0, size, SPAN)]
     ranks: list[list[array]] = []
     shown = 0.0

@@ -40,9 +40,8 @@ def mpi_env(world_size: int) -> dict[str, str]:
     else: one OpenMP thread each, and :data:`SHARING` when the ranks outnumber this
     process's CPUs.  A rank with a core of its own polls: each sleep costs a
     scheduler tick, on every step that waits (``benchmarks/bench_mpi.py``)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-    return {"OMP_NUM_THREADS": "1", **(SHARING if world_size > cpus else {})}
+    sharing = world_size > p2p.cores()
+    return {"OMP_NUM_THREADS": "1", **(SHARING if sharing else {})}
 
 
 def launcher() -> str:
