@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import colltutor
-from colltutor import clusters, runtime, schedule
+from colltutor import clusters, p2p, runtime, schedule
 from colltutor.clusters import DOWN, UP
 from colltutor.transports import simgrid as sim
 from colltutor.transports import simgrid_replay
@@ -388,7 +388,7 @@ def test_forked_recorders_write_the_records_one_process_writes(monkeypatch):
     alone = schedule.record(program, 16, meta)
     monkeypatch.setattr(schedule, "PARALLEL_FROM", 4)
     monkeypatch.setattr(schedule, "SPAN", 3)
-    monkeypatch.setattr(runtime, "cores", lambda: 2)
+    monkeypatch.setattr(p2p, "cores", lambda: 2)
     forked = schedule.record(program, 16, meta)
     assert len(forked) == len(alone) == 16 * 3
     assert forked == alone and any(forked[16:])
