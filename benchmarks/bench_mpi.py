@@ -16,16 +16,21 @@ every colltutor all-reduce algorithm against MPICH's ``MPI_Allreduce`` on MPI.
 ``--backends mpi`` times MPI alone (the gloo columns then read nan); at the end a
 summary gives, per world size, MPICH's time over colltutor's at 1 MiB and above
 (each collective, and their geometric mean); ``--summarize a.json b.json ...`` gives
-it for several stored runs, each ratio the median over the runs.
+it for several stored runs, each ratio the median over the runs.  ``--layers``
+instead times, on MPI, where a call of colltutor's default goes: MPICH's own
+collective, the same messages as colltutor's algorithm sends posted straight
+through mpi4py, the algorithm alone (no argument handling, no engine) and the
+public call.
 
 Run:  nice -n 10 python benchmarks/bench_mpi.py [--ranks 2 4] [--rounds 5]
           [--backends gloo mpi] [--sizes 1K 1M 16M] [--json out.json]
-          [--algorithms-only] [--summarize run1.json run2.json ...]
+          [--algorithms-only] [--layers] [--summarize run1.json run2.json ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -126,6 +131,113 @@ def algorithms_vs_mpich(sizes: list[int], rounds: int) -> list[dict[str, float]]
     return rows
 
 
+def load_average(when: str) -> str:
+    """The machine's load averages, to print with a run."""
+    averages = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"load average (1, 5, 15 min) at the {when}: {averages} on "
+            f"{os.cpu_count()} CPUs")
+
+
+class _Steps:
+    """An observer that keeps the steps of one call: each rank's messages, as the
+    point-to-point layer posts them."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[list, list]] = []
+
+    def posted(self, comm, sends: list, recvs: list) -> None:
+        self.steps.append((sends, recvs))
+
+    def completed(self, comm, sends: list, recvs: list) -> None:
+        pass
+
+
+def layers(plan: list[tuple[str, int]], rounds: int) -> list[dict[str, object]]:
+    """On MPI, per collective and size, four calls timed in alternating blocks:
+    MPICH's own collective; the default algorithm's messages replayed step by
+    step straight through mpi4py (its buffers made once, no reductions or local
+    copies); the algorithm alone, called on a ready ``Comm`` and buffers; and the
+    public call.  The gaps between them are MPI from Python, colltutor's
+    point-to-point layer and algorithm, and the argument handling and engine.
+    ``bare`` and ``alone`` start from the algorithm's own buffers (the contract's),
+    where a rank's block is already in place: a gathering collective's public
+    call, and MPICH's, first copy it there."""
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    from colltutor import agreement, contract, engine, registry, tuning
+    from colltutor.p2p import Comm, observe
+    from colltutor.transports import mpi
+
+    agreement.set_checks(False)
+    p, rank, sum_ = dist.get_world_size(), dist.get_rank(), dist.ReduceOp.SUM
+    own = MPI.COMM_WORLD.Dup()
+    rows = []
+    for collective, nbytes in plan:
+        case = bench.Case(collective, nbytes, torch.float32, sum_)
+        described = contract.describe(collective)
+        name = tuning.choose(collective, case.nbytes, p, dist.get_backend())
+        fn = registry.find(collective)[name].fn
+        ones = torch.ones(case.count)
+        data = ((lambda r, t=ones: list(t.tensor_split(p)))
+                if collective == "all_to_all" else lambda r, t=ones: t)
+        bufs = described.buffers(data, rank, p)
+        recorder = _Steps()
+        with observe(recorder):
+            described.call(fn, Comm(dist.group.WORLD, tag=engine.COLLECTIVE_TAG),
+                           bufs, sum_)
+        steps = [([(mpi.buffer(t), peer) for peer, t in sends],
+                  [(mpi.buffer(t), peer) for peer, t in recvs])
+                 for sends, recvs in recorder.steps]
+        comm = Comm(dist.group.WORLD, tag=engine.COLLECTIVE_TAG)
+
+        def bare(steps=steps) -> None:
+            for sends, recvs in steps:
+                MPI.Request.Waitall([own.Irecv(b, peer, 9) for b, peer in recvs]
+                                    + [own.Isend(b, peer, 9) for b, peer in sends])
+
+        sides = {"MPICH": lambda c=case: c.call("native"), "bare": bare,
+                 "alone": functools.partial(described.call, fn, comm, bufs, sum_),
+                 "ct": lambda c=case: c.call("default")}
+        for call in sides.values():
+            call()
+        calls = bench.calls_per_block(sides["MPICH"])
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side, call in sides.items():
+                times[side].append(bench.time_calls(call, calls, calls) * 1e6)
+        rows.append({"collective": collective, "bytes": case.nbytes,
+                     "algorithm": name, "steps": len(steps)}
+                    | {side: statistics.median(t) for side, t in times.items()})
+    return rows
+
+
+def where_time_goes(args: argparse.Namespace) -> None:
+    print(f"colltutor's default over MPI, float32 sum: microseconds per call, median "
+          f"of {args.rounds} alternating rounds.  MPICH = its own collective; bare = "
+          "the same messages as colltutor's algorithm, posted step by step straight "
+          "through mpi4py (no reductions, no local copies); alone = the algorithm "
+          "on a ready Comm and buffers (a rank's own block already in place); ct = "
+          "the public call")
+    print(load_average("start"))
+    print(f"{'p':>2} {'collective':<15} {'size':>6} {'algorithm':<22} {'steps':>5} | "
+          f"{'MPICH':>8} {'bare':>8} {'alone':>8} {'ct':>8} | MPICH over: "
+          f"{'bare':>5} {'alone':>5} {'ct':>5}")
+    for p in args.ranks:
+        steps = plan([c for c in args.collectives if c != "barrier"], args.sizes)
+        rows = colltutor.run(layers, p, steps, args.rounds, backend="mpi",
+                             timeout=None)[0]
+        for r in rows:
+            print(f"{p:>2} {r['collective']:<15} {bench.human(r['bytes']):>6} "
+                  f"{r['algorithm']:<22} {r['steps']:>5} | {r['MPICH']:>8.1f} "
+                  f"{r['bare']:>8.1f} {r['alone']:>8.1f} {r['ct']:>8.1f} | "
+                  f"{'':>11} {r['MPICH'] / r['bare']:>5.2f} "
+                  f"{r['MPICH'] / r['alone']:>5.2f} {r['MPICH'] / r['ct']:>5.2f}",
+                  flush=True)
+    print(load_average("end"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -137,12 +249,16 @@ def main() -> None:
     ap.add_argument("--no-per-message", action="store_true")
     ap.add_argument("--algorithms-only", action="store_true",
                     help="only every all-reduce algorithm against MPICH's, on MPI")
+    ap.add_argument("--layers", action="store_true",
+                    help="only where a call's time goes on MPI, against MPICH's")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--summarize", nargs="+", metavar="JSON",
                     help="only the summary, of runs stored with --json (medians)")
     args = ap.parse_args()
     if args.algorithms_only:
         return all_reduce_algorithms(args)
+    if args.layers:
+        return where_time_goes(args)
     if args.summarize:
         stored = []
         for path in args.summarize:
@@ -162,8 +278,7 @@ def main() -> None:
     print(f"{'':>2} {'':<15} {'':>6} {'':<18} | {'us':>8} {'us':>8} {'gloo':>6} "
           f"{'ct':>6} | {'us':>8} {'us':>8} {'MPICH':>6} {'ct':>6} {'/ ct':>6} | "
           f"{'/ ct':>6} | {'gloo':>6} {'MPI':>6} {'gloo':>6} {'MPI':>6}")
-    print(f"load average (1, 5, 15 min) at the start: "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    print(load_average("start"))
     results = []
     for p in args.ranks:
         steps = plan(args.collectives, args.sizes)
@@ -202,8 +317,7 @@ def main() -> None:
             gloo = small.get("gloo", {}).get(side, float("nan"))
             print(f"{side:<38} {gloo:>8.1f} {small['mpi'][side]:>8.1f}")
         results.append({"per_message": small})
-    print(f"load average (1, 5, 15 min) at the end: "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    print(load_average("end"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -240,8 +354,7 @@ def all_reduce_algorithms(args: argparse.Namespace) -> None:
     print(f"all_reduce on MPI, float32 sum: microseconds per call, median of "
           f"{args.rounds} alternating rounds; MPICH = MPI_Allreduce, then every "
           "colltutor algorithm over MPI point-to-point")
-    print(f"load average (1, 5, 15 min) at the start: "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    print(load_average("start"))
     for p in args.ranks:
         rows = colltutor.run(algorithms_vs_mpich, p, sizes, args.rounds,
                              backend="mpi", timeout=None)[0]
@@ -250,8 +363,7 @@ def all_reduce_algorithms(args: argparse.Namespace) -> None:
                                           for r in rows))
         for name in names:
             print(f"{name:<20} " + " ".join(f"{r[name]:>9.0f}" for r in rows))
-    print(f"load average (1, 5, 15 min) at the end: "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    print(load_average("end"))
 
 
 if __name__ == "__main__":
