@@ -119,16 +119,22 @@ def algorithms_vs_mpich(sizes: list[int], rounds: int) -> list[dict[str, float]]
         sides = {"MPICH": lambda b=buf: dist.all_reduce(b)}
         for name in colltutor.algorithms("all_reduce"):
             sides[name] = lambda b=buf, a=name: colltutor.all_reduce(b, algorithm=a)
-        for call in sides.values():
-            call()
-        calls = bench.calls_per_block(sides["MPICH"])
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for _ in range(rounds):
-            for side, call in sides.items():
-                times[side].append(bench.time_calls(call, calls, calls))
-        rows.append({"bytes": nbytes} | {side: statistics.median(t) * 1e6
-                                         for side, t in times.items()})
+        rows.append({"bytes": nbytes} | alternate(sides, rounds))
     return rows
+
+
+def alternate(sides: dict, rounds: int) -> dict[str, float]:
+    """Microseconds per call of each side, the median of ``rounds`` rounds that
+    time every side in turn, in blocks of as many calls as the first side makes
+    in about 50 ms (each block after an untimed one)."""
+    for call in sides.values():
+        call()
+    calls = bench.calls_per_block(next(iter(sides.values())))
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, call in sides.items():
+            times[side].append(bench.time_calls(call, calls, calls) * 1e6)
+    return {side: statistics.median(t) for side, t in times.items()}
 
 
 def load_average(when: str) -> str:
@@ -200,16 +206,9 @@ def layers(plan: list[tuple[str, int]], rounds: int) -> list[dict[str, object]]:
         sides = {"MPICH": lambda c=case: c.call("native"), "bare": bare,
                  "alone": functools.partial(described.call, fn, comm, bufs, sum_),
                  "ct": lambda c=case: c.call("default")}
-        for call in sides.values():
-            call()
-        calls = bench.calls_per_block(sides["MPICH"])
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for _ in range(rounds):
-            for side, call in sides.items():
-                times[side].append(bench.time_calls(call, calls, calls) * 1e6)
         rows.append({"collective": collective, "bytes": case.nbytes,
                      "algorithm": name, "steps": len(steps)}
-                    | {side: statistics.median(t) for side, t in times.items()})
+                    | alternate(sides, rounds))
     return rows
 
 
